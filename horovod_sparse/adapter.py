@@ -1,0 +1,114 @@
+"""What the PyTorch, TensorFlow and numpy frontends share: binding a compressor's math
+to one framework's ops and to the per-tensor state.
+
+A frontend subclass decides only how a gradient is identified (its slot key), since
+Horovod's ``compress(tensor)`` carries no name; everything else is here.
+"""
+from horovod_sparse import registry
+from horovod_sparse.compressors.base import WIRE_DTYPE
+from horovod_sparse.state import CompressorState
+
+
+class CompressorAdapter:
+    """A framework-free compressor bound to ``ops``, with its state.
+
+    Attributes:
+        algorithm: the :class:`~horovod_sparse.compressors.Compressor` doing the math.
+        state: the :class:`~horovod_sparse.state.CompressorState` (one slot per gradient).
+    """
+
+    ops = None  # an ArrayOps instance, set by each frontend
+
+    def __init__(self, algorithm):
+        self.algorithm = algorithm
+        self.state = CompressorState()
+        self._pending = {}  # slot key -> (residual, step) loaded before the slot existed
+
+    @classmethod
+    def from_spec(cls, spec, **params):
+        """Build from a spec string, e.g. ``from_spec("randomk:density=0.01")``."""
+        return cls(registry.create(spec, **params))
+
+    def compress_slot(self, tensor, key):
+        """Compress ``tensor`` as the gradient identified by ``key``; returns ``(payload, ctx)``."""
+        ops = self.ops
+        if key is None:  # no identity for this gradient: only stateless compressors can run
+            return self.algorithm.compress(ops, tensor, None)
+        dtype = ops.dtype_name(tensor)
+        slot = self.state.get(key, ops.shape(tensor), dtype)
+        if self.algorithm.stateful and slot.residual is None:
+            ops.init_slot(slot, WIRE_DTYPE.get(dtype, dtype), like=tensor)
+            if key in self._pending:
+                ops.load_slot(slot, *self._pending.pop(key))
+        payload, ctx = self.algorithm.compress(ops, tensor, slot)
+        slot.payload_nbytes = ops.nbytes(payload)
+        slot.dense_nbytes = ops.nbytes(tensor)
+        return payload, ctx
+
+    def decompress(self, tensor, ctx):
+        """The gradient from a reduced payload (Horovod's ``decompress``)."""
+        return self.algorithm.decompress(self.ops, tensor, ctx)
+
+    # -- checkpointing ---------------------------------------------------------------
+    def state_dict(self):
+        """Residuals and step counters as ``{slot key: {"residual": ndarray, "step": int}}``.
+
+        Save it beside the optimizer's state (``torch.save({"optimizer": opt.state_dict(),
+        "compression": compression.state_dict()}, path)``); each rank saves its own,
+        since residuals differ across ranks.
+        """
+        out = {}
+        for key, slot in self.state.slots.items():
+            if slot.residual is None:
+                continue
+            residual, step = self.ops.slot_to_numpy(slot)
+            out[key] = {"residual": residual, "step": step}
+        return out
+
+    def load_state_dict(self, state_dict):
+        """Restore what :meth:`state_dict` returned; slots not yet created are restored on first use."""
+        for key, entry in state_dict.items():
+            slot = self.state.slots.get(key)
+            if slot is not None and slot.residual is not None:
+                self.ops.load_slot(slot, entry["residual"], entry["step"])
+            else:
+                self._pending[key] = (entry["residual"], entry["step"])
+
+    # -- accounting --------------------------------------------------------------------
+    @property
+    def payload_bytes_per_step(self):
+        """Bytes this rank hands to the allreduce per step, summed over gradients."""
+        return self.state.payload_bytes_per_step
+
+    @property
+    def dense_bytes_per_step(self):
+        """Bytes the same gradients take uncompressed."""
+        return self.state.dense_bytes_per_step
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.algorithm.spec!r})"
+
+
+def make_compression_namespace(adapter_cls, doc):
+    """A ``Compression`` class for one frontend: one factory per registered compressor.
+
+    ``Compression.randomk(density=0.01)`` returns ``adapter_cls(RandomKCompressor(density=0.01))``,
+    a new instance (use one per optimizer). ``Compression.from_spec("randomk:density=0.01")``
+    and ``Compression.available()`` give the same by name.
+    """
+    namespace = {"__doc__": doc, "available": staticmethod(registry.available),
+                 "from_spec": staticmethod(adapter_cls.from_spec)}
+    for name in registry.available():
+        namespace[name] = staticmethod(_factory(adapter_cls, name))
+    return type("Compression", (), namespace)
+
+
+def _factory(adapter_cls, name):
+    cls = registry.get(name)
+
+    def factory(**params):
+        return adapter_cls(registry.create(name, **params))
+
+    factory.__name__ = name
+    factory.__doc__ = cls.__doc__
+    return factory

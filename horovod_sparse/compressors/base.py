@@ -1,0 +1,64 @@
+"""Base class of the framework-free compressors, and their parameter checks."""
+import math
+import numbers
+
+# Horovod's allreduce rejects bfloat16 (torch), so bfloat16 gradients travel as float32.
+WIRE_DTYPE = {"bfloat16": "float32"}
+
+
+class Compressor:
+    """A gradient compressor's math.
+
+    Subclasses set ``name`` and ``stateful`` and implement :meth:`compress` and
+    :meth:`decompress`. ``compress`` returns the payload Horovod allreduces and a
+    context; Horovod sums (or averages) the payloads of all ranks, and ``decompress``
+    turns the reduced payload back into a gradient. A payload must therefore be
+    linear: the reduction of payloads must be the payload of the reduced gradients.
+
+    Non-float tensors pass through untouched; ``bfloat16`` travels as ``float32``.
+    """
+
+    name = "abstract"
+    #: True if the compressor keeps per-tensor state (a residual, a step counter).
+    stateful = False
+
+    def __init__(self):
+        self.params = {}
+
+    def compress(self, ops, tensor, slot):
+        """Return ``(payload, ctx)``. ``slot`` is the tensor's state (None if not stateful)."""
+        raise NotImplementedError
+
+    def decompress(self, ops, payload, ctx):
+        raise NotImplementedError
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{type(self).__name__}({args})"
+
+    @property
+    def spec(self):
+        """The spec string that recreates this compressor, e.g. ``"randomk:density=0.01"``."""
+        if not self.params:
+            return self.name
+        return self.name + ":" + ",".join(f"{k}={v}" for k, v in self.params.items())
+
+
+def check_fraction(name, value):
+    """A float in (0, 1]; ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or not 0 < value <= 1:
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def check_bool(name, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_nonnegative_int(name, value, upper=2**63 - 1):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= upper:
+        raise ValueError(f"{name} must be an integer in [0, {upper}], got {value!r}")
+    return int(value)

@@ -1,0 +1,70 @@
+"""``randomk``: k random coordinates per tensor, the same k on every rank.
+
+Every rank draws the same indices from ``(seed, slot stream, step)``
+(:func:`horovod_sparse.ops.random_indices`), so the k gathered values of all ranks
+line up and Horovod's dense allreduce of those k values is the exact sum of what
+each rank kept. With error feedback (default) the coordinates not sent stay in a
+residual and are added to the next step's gradient, so nothing is lost, only delayed.
+Reference: Stich et al., "Sparsified SGD with memory", NeurIPS 2018; GRACE's randomk.
+"""
+import math
+
+from horovod_sparse.compressors.base import (WIRE_DTYPE, Compressor, check_bool, check_fraction,
+                                             check_nonnegative_int)
+from horovod_sparse.registry import register
+
+
+@register
+class RandomKCompressor(Compressor):
+    """Random-k sparsification carried by Horovod's allreduce.
+
+    Args:
+        density: fraction of each tensor's elements sent per step, in (0, 1].
+            k = ceil(density * n), at least 1 for a non-empty tensor.
+        error_feedback: keep what was not sent in a residual and add it back next step.
+        seed: base of the shared random stream; must be equal on all ranks.
+
+    Payload per tensor: k values of the gradient's dtype (bfloat16 as float32); the
+    indices are never sent.
+    """
+
+    name = "randomk"
+    stateful = True
+
+    def __init__(self, density=0.01, error_feedback=True, seed=0):
+        super().__init__()
+        self.density = check_fraction("density", density)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.seed = check_nonnegative_int("seed", seed, upper=2**32 - 1)
+        self.params = dict(density=self.density, error_feedback=self.error_feedback, seed=self.seed)
+
+    def k_for(self, n):
+        """Number of elements sent for a tensor of ``n`` elements."""
+        return 0 if n == 0 else min(n, max(1, math.ceil(self.density * n)))
+
+    def compress(self, ops, tensor, slot):
+        dtype = ops.dtype_name(tensor)
+        if not ops.is_float(tensor):
+            return tensor, None
+        shape, n = ops.shape(tensor), ops.numel(tensor)
+        k = self.k_for(n)
+        acc = ops.flatten(tensor)
+        if dtype in WIRE_DTYPE:
+            acc = ops.cast(acc, WIRE_DTYPE[dtype])
+        if self.error_feedback:
+            acc = ops.add(acc, ops.read_residual(slot))
+        indices = ops.random_indices(self.seed, slot.stream, ops.read_step(slot), n, k, like=acc)
+        values = ops.gather(acc, indices)
+        if self.error_feedback:
+            ops.write_residual(slot, ops.zero_at(acc, indices))
+        ops.advance_step(slot)
+        return values, (indices, n, shape, dtype)
+
+    def decompress(self, ops, payload, ctx):
+        if ctx is None:
+            return payload
+        indices, n, shape, dtype = ctx
+        dense = ops.scatter(indices, payload, n)
+        if ops.dtype_name(dense) != dtype:
+            dense = ops.cast(dense, dtype)
+        return ops.reshape(dense, shape)

@@ -1,0 +1,140 @@
+"""The array-operations interface, and the one random-index generator every framework shares."""
+import numpy as np
+
+# Floating dtypes the compressors work on, by name. Names (not framework dtype objects)
+# are what the math layer sees, so the same code runs over every framework.
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def random_indices(seed, stream, step, n, k):
+    """Sorted int64 indices of ``k`` distinct positions in ``[0, n)``.
+
+    Every argument is an integer. The draw depends only on ``(seed, stream, step)``,
+    so ranks that agree on those agree on the indices without communicating; this is
+    what lets random-k ride on Horovod's dense allreduce. ``stream`` tells tensors of
+    one step apart, ``step`` tells steps apart. All frameworks call this function (the
+    TensorFlow graph through ``tf.numpy_function``), so their indices are identical.
+    """
+    if k > n or k < 0:
+        raise ValueError(f"k must be in [0, n={n}], got {k}")
+    rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([int(seed), int(stream), int(step)])))
+    if k == n:
+        return np.arange(n, dtype=np.int64)
+    idx = rng.choice(n, size=k, replace=False, shuffle=False).astype(np.int64)
+    idx.sort()
+    return idx
+
+
+class ArrayOps:
+    """What a compressor may do to a tensor. One subclass per framework.
+
+    Tensors are the framework's own type; shapes are tuples of ints; dtypes are the
+    names in ``FLOAT_DTYPES`` or the framework's other dtype names. A *slot* is the
+    per-tensor state of a stateful compressor (:class:`horovod_sparse.state.Slot`); the
+    ops decide how its residual and step are stored (plain tensors, or ``tf.Variable``
+    inside a TensorFlow graph).
+    """
+
+    name = "abstract"
+
+    # -- inspection -----------------------------------------------------------
+    def dtype_name(self, t):
+        raise NotImplementedError
+
+    def shape(self, t):
+        raise NotImplementedError
+
+    def numel(self, t):
+        return self.numel_of(self.shape(t))
+
+    def is_float(self, t):
+        return self.dtype_name(t) in FLOAT_DTYPES
+
+    def nbytes(self, t):
+        return self.numel(t) * self.itemsize(self.dtype_name(t))
+
+    @staticmethod
+    def itemsize(dtype_name):
+        return {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+                "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8}.get(dtype_name, 4)
+
+    # -- element-wise and shape ------------------------------------------------
+    def cast(self, t, dtype_name):
+        raise NotImplementedError
+
+    def reshape(self, t, shape):
+        raise NotImplementedError
+
+    def flatten(self, t):
+        return self.reshape(t, (self.numel(t),))
+
+    def add(self, a, b):
+        return a + b
+
+    def sub(self, a, b):
+        return a - b
+
+    def zeros(self, shape, dtype_name, like=None):
+        """Zeros on ``like``'s device (where the framework has devices)."""
+        raise NotImplementedError
+
+    # -- sparse ----------------------------------------------------------------
+    def gather(self, flat, indices):
+        """``flat[indices]`` for a 1-D tensor."""
+        raise NotImplementedError
+
+    def scatter(self, indices, values, n):
+        """A dense 1-D tensor of length ``n``: ``values`` at ``indices``, zero elsewhere."""
+        raise NotImplementedError
+
+    def zero_at(self, flat, indices):
+        """A copy of the 1-D ``flat`` with zeros at ``indices``."""
+        raise NotImplementedError
+
+    def random_indices(self, seed, stream, step, n, k, like=None):
+        """:func:`random_indices` as a tensor on ``like``'s device (``step`` may be a tensor)."""
+        raise NotImplementedError
+
+    # -- slot storage -------------------------------------------------------------
+    def init_slot(self, slot, residual_dtype, like):
+        """Give a new slot a zero residual (flat, ``residual_dtype``, on ``like``'s device) and step 0."""
+        slot.residual = self.zeros((self.numel_of(slot.shape),), residual_dtype, like)
+        slot.step = 0
+
+    def load_slot(self, slot, residual, step):
+        """Restore an initialised slot from a numpy residual and an int step."""
+        if residual.shape != (self.numel_of(slot.shape),):
+            raise ValueError(f"saved residual of slot {slot.key!r} has shape {residual.shape}, "
+                             f"the gradient has {self.numel_of(slot.shape)} elements")
+        slot.residual = self.from_numpy(residual, like=slot.residual)
+        slot.step = int(step)
+
+    def slot_to_numpy(self, slot):
+        """``(residual as numpy or None, step as int)``."""
+        residual = None if slot.residual is None else self.to_numpy(self.read_residual(slot))
+        return residual, int(self.read_step(slot))
+
+    @staticmethod
+    def numel_of(shape):
+        n = 1
+        for d in shape:
+            n *= int(d)
+        return n
+
+    def read_residual(self, slot):
+        return slot.residual
+
+    def write_residual(self, slot, value):
+        slot.residual = value
+
+    def read_step(self, slot):
+        return slot.step
+
+    def advance_step(self, slot):
+        slot.step += 1
+
+    def to_numpy(self, t):
+        raise NotImplementedError
+
+    def from_numpy(self, a, like=None):
+        raise NotImplementedError

@@ -1,0 +1,44 @@
+"""PyTorch implementation of :class:`ArrayOps` (CPU or CUDA tensors)."""
+import torch
+
+from horovod_sparse.ops.base import ArrayOps, random_indices
+
+
+class TorchOps(ArrayOps):
+    name = "torch"
+
+    def dtype_name(self, t):
+        return str(t.dtype).replace("torch.", "")
+
+    def shape(self, t):
+        return tuple(int(d) for d in t.shape)
+
+    def cast(self, t, dtype_name):
+        return t.to(getattr(torch, dtype_name))
+
+    def reshape(self, t, shape):
+        return t.reshape(shape)
+
+    def zeros(self, shape, dtype_name, like=None):
+        return torch.zeros(shape, dtype=getattr(torch, dtype_name),
+                           device=None if like is None else like.device)
+
+    def gather(self, flat, indices):
+        return flat.index_select(0, indices)
+
+    def scatter(self, indices, values, n):
+        return torch.zeros(n, dtype=values.dtype, device=values.device).index_copy_(0, indices, values)
+
+    def zero_at(self, flat, indices):
+        return flat.clone().index_fill_(0, indices, 0)
+
+    def random_indices(self, seed, stream, step, n, k, like=None):
+        indices = torch.from_numpy(random_indices(seed, stream, step, n, k))
+        return indices if like is None else indices.to(like.device, non_blocking=True)
+
+    def to_numpy(self, t):
+        return t.detach().cpu().numpy()
+
+    def from_numpy(self, a, like=None):
+        t = torch.from_numpy(a.copy())
+        return t if like is None else t.to(device=like.device, dtype=like.dtype)

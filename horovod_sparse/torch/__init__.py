@@ -1,0 +1,13 @@
+"""PyTorch frontend: Horovod compressors for ``hvd.DistributedOptimizer``.
+
+    import horovod.torch as hvd
+    import horovod_sparse.torch as hvds
+
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=hvds.Compression.randomk(density=0.01))
+
+Imports PyTorch (and Horovod's PyTorch ops) only.
+"""
+from horovod_sparse.torch.compression import Compression, TorchCompressor
+
+__all__ = ["Compression", "TorchCompressor"]

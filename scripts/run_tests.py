@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Runs the whole test suite: single-process unit tests, then each parallel group under
+``mpirun -np N`` for every N of the group (the way Horovod's own test/parallel runs).
+
+A failure on any rank fails the run. Every mpirun has a wall-clock bound on top of
+pytest-timeout's per-test bound, so nothing hangs. The last line is the total over
+all runs and ranks: ``N passed, N failed, N skipped``.
+
+Usage: python scripts/run_tests.py [--groups unit torch ...] [-k EXPR]
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+# group -> the process counts it runs at; its tests are in tests/parallel/<group>.
+PARALLEL_GROUPS = {
+    "exchange": [1, 2, 3, 4, 5],
+    "torch": [2, 3, 4],
+    "tensorflow": [2, 3, 4],
+}
+MPIRUN_WALL_SECONDS = 900
+
+MPI_ENV = {
+    # Open MPI refuses root without these; CI and the users' containers run as root.
+    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    # Horovod 0.28 needs Keras 2 (see horovod_sparse/tensorflow/keras_check.py).
+    "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+    # Up to 5 ranks share 2 cores: one thread each keeps them from starving each other.
+    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+}
+
+
+def run_unit(results, extra):
+    junit = results / "unit.xml"
+    cmd = [PYTHON, "-m", "pytest", "tests/unit", "-q", f"--junitxml={junit}", *extra]
+    print(f"\n$ {' '.join(cmd)}", flush=True)
+    rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, **MPI_ENV})
+    return rc, [junit]
+
+
+def run_parallel(group, np_, results, extra):
+    logdir = results / f"{group}-np{np_}"
+    logdir.mkdir(parents=True)
+    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none",
+           "--mca", "btl_vader_single_copy_mechanism", "none",
+           *[a for k in MPI_ENV for a in ("-x", k)],
+           "tests/mpi_rank.sh", str(logdir),
+           PYTHON, "-m", "pytest", f"tests/parallel/{group}", "-q", *extra]
+    print(f"\n$ {' '.join(cmd)}", flush=True)
+    try:
+        rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, **MPI_ENV}, timeout=MPIRUN_WALL_SECONDS)
+    except subprocess.TimeoutExpired:
+        print(f"error: mpirun -np {np_} {group} exceeded {MPIRUN_WALL_SECONDS}s and was killed", flush=True)
+        rc = 124
+    if rc != 0:
+        for log in sorted(logdir.glob("rank*.log")):
+            print(f"\n----- {group} np={np_} {log.name} (last 60 lines) -----")
+            print("\n".join(log.read_text(errors="replace").splitlines()[-60:]))
+    return rc, sorted(logdir.glob("rank*.xml"))
+
+
+def outcomes(junit_files):
+    """{test id: worst outcome over the given ranks' JUnit files}."""
+    rank_order = {"passed": 0, "skipped": 1, "failed": 2}
+    merged = {}
+    for path in junit_files:
+        try:
+            cases = ET.parse(path).getroot().iter("testcase")
+        except (ET.ParseError, FileNotFoundError):
+            continue
+        for case in cases:
+            test_id = f"{case.get('classname')}::{case.get('name')}"
+            kinds = {child.tag for child in case}
+            outcome = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+            if rank_order[outcome] >= rank_order[merged.get(test_id, "passed")]:
+                merged[test_id] = outcome
+    return merged
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", nargs="+", default=["unit", *PARALLEL_GROUPS],
+                        choices=["unit", *PARALLEL_GROUPS])
+    parser.add_argument("--np", type=int, nargs="+", help="only these process counts")
+    parser.add_argument("-k", help="pytest -k expression")
+    args = parser.parse_args()
+    extra = ["-k", args.k] if args.k else []
+
+    results = ROOT / "results" / "tests"
+    shutil.rmtree(results, ignore_errors=True)
+    results.mkdir(parents=True)
+    totals = {"passed": 0, "failed": 0, "skipped": 0}
+    failed_runs = []
+    start = time.monotonic()
+    for group in args.groups:
+        runs = [(None, *run_unit(results, extra))] if group == "unit" else [
+            (np_, *run_parallel(group, np_, results, extra))
+            for np_ in PARALLEL_GROUPS[group] if not args.np or np_ in args.np]
+        for np_, rc, junit in runs:
+            label = group if np_ is None else f"{group} -np {np_}"
+            merged = outcomes(junit)
+            for outcome in merged.values():
+                totals[outcome] += 1
+            # pytest exits 5 when it collected nothing (e.g. a -k that matches no test here).
+            if rc not in (0, 5) or any(o == "failed" for o in merged.values()):
+                failed_runs.append(f"{label} (exit {rc})")
+                for test_id, outcome in merged.items():
+                    if outcome == "failed":
+                        print(f"FAILED {label}: {test_id}")
+    print(f"\nwall time {time.monotonic() - start:.0f}s; per-rank logs and JUnit files in {results}")
+    if failed_runs:
+        print("failed runs: " + ", ".join(failed_runs))
+    if sum(totals.values()) == 0:
+        print("error: no test ran")
+        return 1
+    print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
+    return 1 if failed_runs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+# Pinned versions shared by scripts/install.sh and scripts/build_horovod.sh.
+HOROVOD_VERSION=0.28.1
+TORCH_VERSION=2.13.0
+TF_VERSION=2.21.0
+TF_KERAS_VERSION=2.21.0
+MPI4PY_VERSION=4.1.2

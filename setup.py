@@ -1,0 +1,19 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="horovod_sparse",
+    version="0.1.0",
+    description="Sparsifying and quantizing gradient compressors for Horovod, "
+                "with a sparse allreduce over mpi4py",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    packages=find_packages(include=["horovod_sparse", "horovod_sparse.*"]),
+    python_requires=">=3.9",
+    install_requires=["numpy", "mpi4py>=3.1", "horovod>=0.28"],
+    extras_require={
+        "torch": ["torch>=2.0"],
+        "tensorflow": ["tensorflow>=2.12", "tf-keras"],
+        "dev": ["pytest", "pytest-timeout", "scikit-learn", "matplotlib", "rich"],
+    },
+)

@@ -1,0 +1,57 @@
+"""Shared by the parallel groups, which run the same pytest session on every rank.
+
+At the end of each test (its teardown, which every rank reaches whatever happened)
+the ranks agree on the outcome with one small Allgather on a private communicator:
+if the test failed on another rank, it fails here too, so rank 0's report shows
+every failure. Frameworks are imported by each group's own conftest.
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+_SYNC = MPI.COMM_WORLD.Dup()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    item.failed_on_this_rank = getattr(item, "failed_on_this_rank", False) or report.failed
+    if call.when != "teardown":
+        return
+    failed = np.zeros(_SYNC.size, dtype=np.int32)
+    _SYNC.Allgather(np.array([item.failed_on_this_rank], dtype=np.int32), failed)
+    others = [int(r) for r in np.flatnonzero(failed) if r != _SYNC.rank]
+    if others and not item.failed_on_this_rank:
+        report.outcome = "failed"
+        report.longrepr = f"this test failed on rank(s) {others}: see their logs"
+
+
+@pytest.fixture(scope="session")
+def comm():
+    """A communicator of the tests' own, duplicated from COMM_WORLD (for oracles)."""
+    c = MPI.COMM_WORLD.Dup()
+    yield c
+    c.Free()
+
+
+@pytest.fixture(scope="session")
+def assert_identical_across_ranks(comm):
+    """A check that ``array`` (any dtype) is bitwise identical on every rank."""
+    def check(array):
+        local = np.ascontiguousarray(array).view(np.uint8).ravel()
+        gathered = np.empty((comm.size, local.size), dtype=np.uint8)
+        comm.Allgather(local, gathered)
+        differing = [r for r in range(comm.size) if not np.array_equal(gathered[r], gathered[0])]
+        assert not differing, f"rank(s) {differing} differ from rank 0 ({local.size} bytes compared)"
+    return check
+
+
+@pytest.fixture(scope="session")
+def average_across_ranks(comm):
+    """The oracle: the average over ranks of a float array, by an independent MPI Allreduce in float64."""
+    def average(array):
+        local = np.asarray(array, dtype=np.float64)
+        total = np.empty_like(local)
+        comm.Allreduce(local, total)
+        return total / comm.size
+    return average
