@@ -48,7 +48,8 @@ if ! $PY -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERS
 fi
 
 # -- 4. this package ---------------------------------------------------------
-if ! $PY -c "import horovod_sparse" 2>/dev/null; then
+# (checked from / so that the checkout itself on sys.path does not count as installed)
+if ! (cd / && "$OLDPWD/$PY" -c "import horovod_sparse") 2>/dev/null; then
     log "installing horovod_sparse (editable)"
     $PY -m pip install -q --no-deps --no-build-isolation -e .
 fi

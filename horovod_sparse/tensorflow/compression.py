@@ -3,7 +3,7 @@ import weakref
 
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor as HorovodCompressor
-from tensorflow.python.framework.func_graph import FuncGraph
+from tensorflow.python.ops.control_flow_v2_func_graphs import CondBranchFuncGraph
 
 from horovod_sparse.adapter import CompressorAdapter, make_compression_namespace
 from horovod_sparse.ops.tf_ops import TFOps
@@ -14,9 +14,10 @@ class TFCompressor(CompressorAdapter, HorovodCompressor):
 
     Horovod calls TensorFlow compressors while tracing a ``tf.function`` (also from eager
     code), once per gradient in the gradient list's order. A gradient is identified by
-    its position in that trace (counted in the outermost function being traced, so
-    ``tf.cond`` branches and nested functions share one count); a retrace reuses the
-    same residual variables. Called eagerly, a stateful compressor needs
+    its position in that trace (counted in the function being traced, looking through
+    the ``tf.cond`` branches Horovod wraps each allreduce in). Every trace counts from 0,
+    so a retrace (``tf.function`` traces twice when its first trace creates variables,
+    as the residuals are) reuses the same residual variables. Called eagerly, a stateful compressor needs
     ``compress(tensor, name=...)`` to know which residual is whose.
 
     Use one instance per optimizer or tape. ``state_dict()``/``load_state_dict()``
@@ -40,8 +41,9 @@ class TFCompressor(CompressorAdapter, HorovodCompressor):
                     "a name; call it inside tf.function (as hvd.DistributedGradientTape and the "
                     "Keras DistributedOptimizer do) or as compress(tensor, name=...)")
             return None
+        # Horovod wraps each allreduce in tf.cond: count in the function around the branches.
         graph = tf.compat.v1.get_default_graph()
-        while isinstance(getattr(graph, "outer_graph", None), FuncGraph):
+        while isinstance(graph, CondBranchFuncGraph):
             graph = graph.outer_graph
         position = self._positions.get(graph, 0)
         self._positions[graph] = position + 1
