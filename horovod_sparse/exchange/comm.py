@@ -1,0 +1,138 @@
+"""The only place where the exchange engine talks MPI: counted, buffer-based calls.
+
+Every algorithm goes through :class:`CountingComm`, so no byte escapes counting
+and no lowercase (pickle-based) mpi4py call is ever made.
+
+Counting model.  Point-to-point calls are counted exactly (buffer size, one
+message).  For collectives MPI chooses its own algorithm, so we count the
+volume of a documented reference algorithm, the one the papers' cost models use:
+
+* ``allgather`` / ``allgatherv``: direct exchange - this rank sends its block to
+  each of the P-1 others and receives every other block once.
+* ``alltoall``: direct exchange - blocks for the P-1 others out, theirs in.
+* ``allreduce``: ring (reduce-scatter then allgather) over P equal chunks - this
+  rank sends and receives ``2 * (total - own chunk)`` bytes in ``2(P-1)`` messages.
+
+At P = 1 every collective counts zero.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from .traffic import Traffic
+
+
+def _mpi_buffer(array):
+    """A contiguous numpy array as an MPI buffer (mpi4py reads its datatype from the
+    buffer protocol - the uppercase, zero-copy path; nothing is ever pickled)."""
+    return np.ascontiguousarray(array)
+
+
+class CountingComm:
+    """A ``Dup()`` of the user's communicator plus byte/message counters.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+        Duplicated at construction (a collective call); only the duplicate is used,
+        so our messages never match the user's.
+    """
+
+    def __init__(self, comm):
+        self._comm = comm.Dup()
+        self.rank = self._comm.Get_rank()
+        self.size = self._comm.Get_size()
+        # [bytes_sent, bytes_received, messages_sent, messages_received,
+        #  control_bytes_sent, control_bytes_received]
+        self._counters = [0, 0, 0, 0, 0, 0]
+
+    # ---------------------------------------------------------------- counting
+    def _count(self, sent=0, received=0, messages_sent=0, messages_received=0, control=False):
+        c = self._counters
+        c[0] += int(sent)
+        c[1] += int(received)
+        c[2] += int(messages_sent)
+        c[3] += int(messages_received)
+        if control:
+            c[4] += int(sent)
+            c[5] += int(received)
+
+    @property
+    def traffic(self) -> Traffic:
+        """Cumulative traffic since construction (a snapshot)."""
+        return Traffic(*self._counters)
+
+    # ---------------------------------------------------------- point-to-point
+    def isend(self, buf, dest, tag, control=False):
+        """Non-blocking send of a contiguous numpy array; returns the MPI request."""
+        self._count(sent=buf.nbytes, messages_sent=1, control=control)
+        return self._comm.Isend(_mpi_buffer(buf), dest=dest, tag=tag)
+
+    def irecv(self, buf, source, tag, control=False):
+        """Non-blocking receive into a preallocated array of the exact expected size."""
+        self._count(received=buf.nbytes, messages_received=1, control=control)
+        return self._comm.Irecv(_mpi_buffer(buf), source=source, tag=tag)
+
+    def send(self, buf, dest, tag, control=False):
+        self._count(sent=buf.nbytes, messages_sent=1, control=control)
+        self._comm.Send(_mpi_buffer(buf), dest=dest, tag=tag)
+
+    def recv(self, buf, source, tag, control=False):
+        self._count(received=buf.nbytes, messages_received=1, control=control)
+        self._comm.Recv(_mpi_buffer(buf), source=source, tag=tag)
+
+    @staticmethod
+    def waitall(requests):
+        if requests:
+            MPI.Request.Waitall(requests)
+
+    # ------------------------------------------------------------- collectives
+    def allgather(self, sendbuf, recvbuf, control=False):
+        """Every rank's equal-size ``sendbuf`` into ``recvbuf`` (P blocks, rank order)."""
+        peers = self.size - 1
+        self._count(sendbuf.nbytes * peers, sendbuf.nbytes * peers, peers, peers, control)
+        self._comm.Allgather(_mpi_buffer(sendbuf), _mpi_buffer(recvbuf))
+
+    def allgatherv(self, sendbuf, counts, control=False):
+        """Concatenate every rank's ``sendbuf`` (lengths ``counts``) in rank order.
+
+        ``counts`` (elements per rank) must be known identically on all ranks.
+        Returns the new array.
+        """
+        counts = [int(c) for c in counts]
+        total = sum(counts)
+        recvbuf = np.empty(total, dtype=sendbuf.dtype)
+        peers = self.size - 1
+        own = sendbuf.nbytes
+        self._count(own * peers, (total - counts[self.rank]) * sendbuf.itemsize,
+                    peers, peers, control)
+        displs = np.concatenate(([0], np.cumsum(counts[:-1], dtype=np.int64))).tolist()
+        self._comm.Allgatherv(_mpi_buffer(np.ascontiguousarray(sendbuf)),
+                              [recvbuf, (counts, displs)])
+        return recvbuf
+
+    def alltoall(self, sendbuf, recvbuf, control=False):
+        """One equal-size block to every rank (``sendbuf`` holds P blocks in rank order)."""
+        peers = self.size - 1
+        block = sendbuf.nbytes // max(self.size, 1)
+        self._count(block * peers, block * peers, peers, peers, control)
+        self._comm.Alltoall(_mpi_buffer(sendbuf), _mpi_buffer(recvbuf))
+
+    def allreduce(self, sendbuf, recvbuf, op=MPI.SUM, control=False):
+        """Element-wise reduction of ``sendbuf`` over ranks into ``recvbuf`` (ring model)."""
+        P = self.size
+        nelem = sendbuf.size
+        own_chunk = ((self.rank + 1) * nelem) // P - (self.rank * nelem) // P
+        moved = 2 * (nelem - own_chunk) * sendbuf.itemsize if P > 1 else 0
+        self._count(moved, moved, 2 * (P - 1), 2 * (P - 1), control)
+        self._comm.Allreduce(_mpi_buffer(sendbuf), _mpi_buffer(recvbuf), op=op)
+
+    # ----------------------------------------------------------------- closing
+    def free(self):
+        """Free the duplicated communicator (idempotent)."""
+        if self._comm is not None and self._comm != MPI.COMM_NULL:
+            self._comm.Free()
+        self._comm = None
+
+    @property
+    def closed(self) -> bool:
+        return self._comm is None

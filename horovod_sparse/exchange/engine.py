@@ -1,0 +1,161 @@
+"""SparseAllreduce: the public entry point that validates, agrees, dispatches and counts."""
+import zlib
+
+import numpy as np
+
+from . import allgather, dense, dsa, gtopk, oktopk
+from .comm import CountingComm
+from .errors import ExchangeError
+from .result import ExchangeResult
+from .sparse_ops import wire_index_dtype
+from .validation import VALUE_DTYPE_CODES, LocalInput, agree
+
+ALGORITHMS = ("dense", "allgather", "oktopk", "gtopk", "dsa")
+_IMPLEMENTATIONS = {
+    "dense": (dense.Dense, dense.DEFAULTS),
+    "allgather": (allgather.Allgather, allgather.DEFAULTS),
+    "oktopk": (oktopk.OkTopk, oktopk.DEFAULTS),
+    "gtopk": (gtopk.GTopk, gtopk.DEFAULTS),
+    "dsa": (dsa.DSA, dsa.DEFAULTS),
+}
+_NEEDS_K = ("oktopk", "gtopk")
+_STATE_FORMAT = 1
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+class SparseAllreduce:
+    """Sum (or average) sparse vectors over all ranks of an MPI communicator.
+
+    Parameters
+    ----------
+    n : int >= 0
+        Dense length: every index lies in [0, n).  n * P must be < 2**63.
+    algorithm : one of ALGORITHMS
+        "dense" (Allreduce of the densified vector), "allgather" (TopkA),
+        "oktopk" (Ok-Topk), "gtopk" (gTop-k), "dsa" (SparCML-style TopkDSA).
+    k : int >= 1, required for "oktopk" and "gtopk"
+        Target number of globally selected entries (k >= n is allowed and
+        selects the whole support).  Ignored by the other algorithms.
+    comm : mpi4py communicator, default MPI.COMM_WORLD
+        Duplicated at construction (collective); only the duplicate is used.
+    average : bool
+        If True the result is the sum divided by P.
+    **algorithm_params
+        oktopk: tau (calls between repartitions, 64), tau_prime (calls between
+        exact thresholds, 32), bucket_peers (4), selection_slack (0.2),
+        threshold_nudge (1.012); dsa: bucket_peers (4).  See the modules.
+
+    Bad parameters raise ValueError naming the parameter and its accepted range.
+    """
+
+    def __init__(self, n, algorithm="oktopk", k=None, comm=None, average=False,
+                 **algorithm_params):
+        if not _is_int(n) or n < 0:
+            raise ValueError(f"n must be an integer >= 0, got {n!r}")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        if algorithm in _NEEDS_K and (not _is_int(k) or k < 1):
+            raise ValueError(f"k must be an integer >= 1 for algorithm {algorithm!r}, got {k!r}")
+        if k is not None and (not _is_int(k) or k < 1):
+            raise ValueError(f"k must be None or an integer >= 1, got {k!r}")
+        if not isinstance(average, (bool, np.bool_)):
+            raise ValueError(f"average must be True or False, got {average!r}")
+        implementation, defaults = _IMPLEMENTATIONS[algorithm]
+        unknown = sorted(set(algorithm_params) - set(defaults))
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {unknown} for algorithm {algorithm!r}; "
+                             f"accepted: {sorted(defaults)}")
+        params = dict(defaults, **algorithm_params)
+        if comm is None:
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        if int(n) * comm.Get_size() >= 2 ** 63:
+            raise ValueError(f"n must satisfy n * P < 2**63 (int64 region arithmetic), got n={n}")
+
+        self.n, self.algorithm, self.average = int(n), algorithm, bool(average)
+        self.k = None if k is None else int(k)
+        self.params = params
+        self.index_dtype = wire_index_dtype(self.n)
+        # Everything that must match across ranks beyond n/algorithm/k, as one int.
+        self._params_code = zlib.crc32(repr((self.average, sorted(params.items()))).encode())
+        self._comm = CountingComm(comm)
+        self.size, self.rank = self._comm.size, self._comm.rank
+        self._impl = implementation(self._comm, self.n, self.k, self.index_dtype, **params)
+        self._calls = 0
+
+    # ------------------------------------------------------------------ main
+    def allreduce(self, indices, values):
+        """Sum the sparse vectors (indices, values) of all ranks; see the class docstring.
+
+        indices : 1-D integer array (numpy or CPU torch tensor), unique, in [0, n).
+        values : 1-D float16/float32/float64 array of the same length (float16 is
+            carried as float32).
+        Raises ExchangeError on every rank if any rank's input is invalid or the
+        ranks disagree on n, algorithm, k, parameters, value dtype or call count.
+        """
+        if self._comm.closed:
+            raise RuntimeError("SparseAllreduce is closed")
+        before = self._comm.traffic
+        local = LocalInput(indices, values, self.n)
+        header = dict(error_code=local.error_code, error_detail=local.error_detail, n=self.n,
+                      algorithm=ALGORITHMS.index(self.algorithm),
+                      k=-1 if self.k is None else self.k, call=self._calls,
+                      value_dtype=VALUE_DTYPE_CODES.get(local.value_dtype, 0),
+                      params=self._params_code, count=local.indices.size)
+        self._calls += 1  # on every rank, also when the call is rejected
+        agreed = agree(self._comm, header, ALGORITHMS)
+
+        if self.algorithm == "allgather":
+            self._impl.counts = agreed["count"]
+        out_indices, out_values, selected = self._impl.run(local.indices, local.values)
+        if self.average:
+            out_values = out_values / out_values.dtype.type(self.size)
+        traffic = self._comm.traffic - before
+        if self.algorithm == "dense":
+            return ExchangeResult(self.n, None, None, None, traffic, dense_values=out_values)
+        return ExchangeResult(self.n, out_indices, out_values, selected, traffic)
+
+    # ----------------------------------------------------------------- state
+    @property
+    def traffic(self):
+        """Cumulative :class:`Traffic` of this engine on this rank."""
+        return self._comm.traffic
+
+    @property
+    def calls(self):
+        """Number of allreduce calls made (the agreed call counter)."""
+        return self._calls
+
+    def state_dict(self):
+        """numpy/int-only dict: identity, call counter and the algorithm's state."""
+        d = {"format": _STATE_FORMAT, "algorithm": self.algorithm, "n": self.n,
+             "world_size": self.size, "calls": self._calls}
+        if self.algorithm == "oktopk":
+            d.update({"oktopk_" + key: v for key, v in self._impl.state.to_dict().items()})
+        return d
+
+    def load_state_dict(self, d):
+        """Restore what :meth:`state_dict` saved (same algorithm, n and world size)."""
+        for key, mine in (("format", _STATE_FORMAT), ("algorithm", self.algorithm),
+                          ("n", self.n), ("world_size", self.size)):
+            if d.get(key) != mine:
+                raise ValueError(f"state_dict {key} is {d.get(key)!r}, this engine has {mine!r}")
+        if self.algorithm == "oktopk":
+            sub = {key[len("oktopk_"):]: v for key, v in d.items() if key.startswith("oktopk_")}
+            self._impl.state = oktopk.OkTopkState.from_dict(sub, self.size, self.n)
+        self._calls = int(d["calls"])
+
+    # --------------------------------------------------------------- closing
+    def close(self):
+        """Free the duplicated communicator (idempotent)."""
+        self._comm.free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

@@ -1,0 +1,114 @@
+"""Local (no-communication) operations on sparse vectors held as (indices, values).
+
+All functions are deterministic: the same inputs give bitwise-identical outputs
+on every rank, which is what lets the algorithms agree without extra checks.
+"""
+import numpy as np
+
+# Magnitude keys: |v| as an unsigned integer with the same order as |v|.
+# Clearing the sign bit of an IEEE float and reading its bits as unsigned keeps
+# the order of magnitudes for all non-negative floats, puts +inf above every
+# finite value and NaN above +inf - so NaNs are always "largest" and propagate.
+_KEY_DTYPE = {np.dtype(np.float32): (np.uint32, np.uint32(0x7FFFFFFF)),
+              np.dtype(np.float64): (np.uint64, np.uint64(0x7FFFFFFFFFFFFFFF))}
+
+
+def wire_index_dtype(n):
+    """int32 when every index in [0, n) fits it (n < 2**31), else int64."""
+    return np.dtype(np.int32) if n < 2 ** 31 else np.dtype(np.int64)
+
+
+def magnitude_keys(values):
+    """Unsigned keys ordered like ``abs(values)`` (NaN largest); float32/float64 only."""
+    key_dtype, mask = _KEY_DTYPE[values.dtype]
+    return np.ascontiguousarray(values).view(key_dtype) & mask
+
+
+def threshold_key(threshold, value_dtype):
+    """The magnitude key of a float ``threshold`` in ``value_dtype``."""
+    value_dtype = np.dtype(value_dtype)
+    return magnitude_keys(np.array([threshold], dtype=value_dtype))[0]
+
+
+def key_to_magnitude(key, value_dtype):
+    """Inverse of :func:`threshold_key`: the float magnitude whose key is ``key``."""
+    key_dtype, _ = _KEY_DTYPE[np.dtype(value_dtype)]
+    return float(np.array([key], dtype=key_dtype).view(value_dtype)[0])
+
+
+def sum_duplicates(index_pieces, value_pieces, value_dtype):
+    """Sum several sparse vectors: sorted unique indices (int64) and their sums.
+
+    Sums are accumulated in float64 in the order the pieces are given (then cast
+    to ``value_dtype``), so the result depends only on the inputs, never on the rank.
+    """
+    value_dtype = np.dtype(value_dtype)
+    if not index_pieces:
+        return np.empty(0, np.int64), np.empty(0, value_dtype)
+    indices = np.concatenate([np.asarray(p, dtype=np.int64) for p in index_pieces])
+    values = np.concatenate([np.asarray(p, dtype=np.float64) for p in value_pieces])
+    if indices.size == 0:
+        return indices, values.astype(value_dtype)
+    unique, inverse = np.unique(indices, return_inverse=True)
+    sums = np.bincount(inverse.ravel(), weights=values, minlength=unique.size)
+    return unique, sums.astype(value_dtype)
+
+
+def top_k_by_magnitude(indices, values, k):
+    """The ``k`` entries of largest |value| (ties: smaller index first), sorted by index."""
+    if indices.size <= k:
+        return indices, values
+    keys = magnitude_keys(values)
+    # lexsort: last key is primary.  ~keys sorts magnitudes descending.
+    order = np.lexsort((indices, ~keys))[:k]
+    order.sort()  # indices are sorted, so sorting positions sorts by index
+    return indices[order], values[order]
+
+
+def values_at(indices, values, targets):
+    """Values of the sparse vector (sorted ``indices``, ``values``) at ``targets`` (0 where absent)."""
+    out = np.zeros(targets.size, dtype=values.dtype)
+    if indices.size and targets.size:
+        pos = np.searchsorted(indices, targets)
+        pos_clipped = np.minimum(pos, indices.size - 1)
+        hit = indices[pos_clipped] == targets
+        out[hit] = values[pos_clipped[hit]]
+    return out
+
+
+def _require_sorted_unique(name, array):
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+    if array.size > 1 and not np.all(array[1:] > array[:-1]):
+        raise ValueError(f"{name} must be sorted ascending and unique")
+
+
+def intersect_sorted(a, b):
+    """Intersection of two sorted, unique integer arrays (sorted int64 result).
+
+    Both inputs are checked: the reference code intersected unsorted index lists
+    with a sorted-input routine and silently got wrong residuals.  For a local
+    selection in arbitrary order use :func:`mask_in_sorted` instead.
+    """
+    a = np.asarray(a)
+    b = np.asarray(b)
+    _require_sorted_unique("a", a)
+    _require_sorted_unique("b", b)
+    return np.asarray(a[mask_in_sorted(a, b)], dtype=np.int64)
+
+
+def mask_in_sorted(local_indices, selected):
+    """Boolean mask over ``local_indices`` (ANY order): which are in ``selected``.
+
+    ``selected`` must be sorted and unique (e.g. ``ExchangeResult.selected``).
+    This is the residual rule of Ok-Topk: the residual is cleared exactly where
+    ``mask_in_sorted(local, result.selected)`` is True (local ∩ global).
+    """
+    local_indices = np.asarray(local_indices)
+    selected = np.asarray(selected)
+    _require_sorted_unique("selected", selected)
+    if selected.size == 0 or local_indices.size == 0:
+        return np.zeros(local_indices.shape, dtype=bool)
+    pos = np.searchsorted(selected, local_indices)
+    pos = np.minimum(pos, selected.size - 1)
+    return selected[pos] == local_indices

@@ -1,0 +1,126 @@
+"""Local input checks plus the one small collective that makes every rank agree.
+
+Nothing here raises before the collective: local problems become an error code
+in this rank's header, the headers are allgathered (one ``Allgather`` of a few
+int64), and then EVERY rank raises the same :class:`ExchangeError` naming the
+offending ranks - or every rank goes on.  That turns "bad input on one rank"
+and "ranks called with different n / algorithm / k / call order" into a clear
+error everywhere instead of a hang or silent corruption.
+"""
+import numpy as np
+
+from .errors import ExchangeError
+
+# Header layout: one int64 per field, the same on every rank.
+HEADER_FIELDS = ("error_code", "error_detail", "n", "algorithm", "k", "call",
+                 "value_dtype", "params", "count")
+_ERROR_TEXT = {
+    1: "indices must be a 1-D integer array (numpy or CPU torch tensor)",
+    2: "values must be a 1-D float16/float32/float64 array (numpy or CPU torch tensor)",
+    3: "indices and values have different lengths (indices length {detail})",
+    4: "index {detail} is outside [0, n)",
+    5: "index {detail} appears more than once",
+}
+# Fields every rank must agree on, with how to print them.
+_AGREED = ("n", "algorithm", "k", "call", "value_dtype", "params")
+VALUE_DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
+
+
+def _as_numpy(array):
+    """Zero-copy numpy view of a numpy array or torch tensor (no torch import needed)."""
+    if isinstance(array, np.ndarray):
+        return array
+    if hasattr(array, "detach") and hasattr(array, "numpy"):
+        return array.detach().cpu().numpy()
+    return np.asarray(array)
+
+
+class LocalInput:
+    """This rank's input after local checks: sorted by index, or an error code.
+
+    Attributes: ``indices`` (int64 or the caller's integer dtype, sorted ascending),
+    ``values`` (float32 or float64, permuted like ``indices``), ``error_code``,
+    ``error_detail`` (ints for the header), ``value_dtype`` (the wire value dtype).
+    """
+
+    def __init__(self, indices, values, n):
+        self.indices = np.empty(0, np.int64)
+        self.values = np.empty(0, np.float32)
+        self.error_code = 0
+        self.error_detail = 0
+        try:
+            self._check(indices, values, n)
+        except Exception:  # anything odd becomes "bad indices/values", never a local raise
+            if self.error_code == 0:
+                self.error_code = 1
+        self.value_dtype = self.values.dtype
+
+    def _fail(self, code, detail=0):
+        self.error_code, self.error_detail = code, int(detail)
+
+    def _check(self, indices, values, n):
+        idx = _as_numpy(indices)
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            return self._fail(1)
+        try:
+            val = _as_numpy(values)
+        except Exception:
+            return self._fail(2)
+        if val.ndim != 1 or val.dtype not in (np.float16, np.float32, np.float64):
+            return self._fail(2)
+        if val.dtype == np.float16:  # carried as float32 on the wire
+            val = val.astype(np.float32)
+        self.values = np.ascontiguousarray(val)
+        if idx.size != val.size:
+            return self._fail(3, idx.size)
+        if idx.size == 0:
+            self.indices = np.empty(0, np.int64)
+            return None
+        lowest, highest = idx.min(), idx.max()
+        if lowest < 0:
+            return self._fail(4, lowest)
+        if int(highest) >= n:
+            return self._fail(4, highest)
+        if idx.dtype != np.int64:
+            idx = idx.astype(np.int64)
+        # Already strictly increasing (the common case): no copy, no sort.
+        if idx.size > 1 and not np.all(idx[1:] > idx[:-1]):
+            order = np.argsort(idx, kind="stable")
+            idx = idx[order]
+            self.values = self.values[order]
+            dup = np.flatnonzero(idx[1:] == idx[:-1])
+            if dup.size:
+                return self._fail(5, idx[dup[0]])
+        self.indices = np.ascontiguousarray(idx)
+        return None
+
+
+def agree(comm, header, algorithm_names=()):
+    """Allgather the int64 ``header`` (dict over HEADER_FIELDS); raise on any problem.
+
+    Returns the (P, len(HEADER_FIELDS)) int64 table of all headers, so callers can
+    reuse the per-rank ``count`` column without another collective.
+    """
+    mine = np.array([int(header[f]) for f in HEADER_FIELDS], dtype=np.int64)
+    table = np.empty((comm.size, mine.size), dtype=np.int64)
+    comm.allgather(mine, table, control=True)
+    col = {f: table[:, i] for i, f in enumerate(HEADER_FIELDS)}
+
+    problems = []
+    for rank in np.flatnonzero(col["error_code"]):
+        code = int(col["error_code"][rank])
+        text = _ERROR_TEXT.get(code, "invalid input").format(detail=int(col["error_detail"][rank]))
+        problems.append(f"rank {rank}: {text} (n = {int(col['n'][rank])})")
+    for field in _AGREED:
+        values = col[field]
+        if np.any(values != values[0]):
+            def show(v):
+                if field == "algorithm" and 0 <= v < len(algorithm_names):
+                    return repr(algorithm_names[v])
+                return str(v)
+            per_rank = ", ".join(f"rank {r}: {show(int(v))}" for r, v in enumerate(values))
+            problems.append(f"ranks disagree on {field} ({per_rank})")
+    if problems:
+        raise ExchangeError(f"sparse allreduce call {int(header['call'])} rejected on every rank "
+                            "before any data moved: " + "; ".join(problems))
+    return col
