@@ -85,30 +85,47 @@ class CompressorAdapter:
         """Bytes the same gradients take uncompressed."""
         return self.state.dense_bytes_per_step
 
+    def bytes_sent_per_step(self, world_size):
+        """Bytes this rank sends per step if Horovod's allreduce is a ring: 2(P-1)/P x payload."""
+        from horovod_sparse.sparse_adapter import ring_bytes
+        return ring_bytes(self.payload_bytes_per_step, world_size)
+
     def __repr__(self):
         return f"{type(self).__name__}({self.algorithm.spec!r})"
 
 
-def make_compression_namespace(adapter_cls, doc):
+def make_compression_namespace(adapter_cls, sparse_cls, doc):
     """A ``Compression`` class for one frontend: one factory per registered compressor.
 
-    ``Compression.randomk(density=0.01)`` returns ``adapter_cls(RandomKCompressor(density=0.01))``,
-    a new instance (use one per optimizer). ``Compression.from_spec("randomk:density=0.01")``
-    and ``Compression.available()`` give the same by name.
+    ``Compression.randomk(density=0.01)`` returns ``adapter_cls(RandomKCompressor(density=0.01))``;
+    sparsifiers (``algorithm.fused``) get ``sparse_cls(algorithm, dense_below=...)`` instead.
+    Each call makes a new instance (use one per optimizer).
+    ``Compression.from_spec("topk:density=0.01")`` and ``Compression.available()`` do the same by name.
     """
+    def build(name, **params):
+        dense_below = params.pop("dense_below", None)
+        algorithm = registry.create(name, **params)
+        if getattr(algorithm, "fused", False):
+            return sparse_cls(algorithm) if dense_below is None else sparse_cls(algorithm, dense_below)
+        if dense_below is not None:
+            raise ValueError(f"{name} has no parameter 'dense_below' (only the sparsifiers do)")
+        return adapter_cls(algorithm)
+
+    def from_spec(spec, **params):
+        name, spec_params = registry.parse_spec(spec)
+        return build(name, **{**spec_params, **params})
+
     namespace = {"__doc__": doc, "available": staticmethod(registry.available),
-                 "from_spec": staticmethod(adapter_cls.from_spec)}
+                 "from_spec": staticmethod(from_spec)}
     for name in registry.available():
-        namespace[name] = staticmethod(_factory(adapter_cls, name))
+        namespace[name] = staticmethod(_factory(build, name))
     return type("Compression", (), namespace)
 
 
-def _factory(adapter_cls, name):
-    cls = registry.get(name)
-
+def _factory(build, name):
     def factory(**params):
-        return adapter_cls(registry.create(name, **params))
+        return build(name, **params)
 
     factory.__name__ = name
-    factory.__doc__ = cls.__doc__
+    factory.__doc__ = registry.get(name).__doc__
     return factory

@@ -3,7 +3,7 @@
 It is not a Horovod compressor (Horovod has no numpy frontend); it runs the same math
 with explicit slot keys, so a test can replay exactly what a rank did.
 """
-from horovod_sparse.adapter import CompressorAdapter, make_compression_namespace
+from horovod_sparse.adapter import CompressorAdapter
 from horovod_sparse.ops.numpy_ops import NumpyOps
 
 
@@ -15,5 +15,3 @@ class NumpyCompressor(CompressorAdapter):
     def compress(self, array, key):
         return self.compress_slot(array, key)
 
-
-Compression = make_compression_namespace(NumpyCompressor, "Reference (numpy) compressors.")

@@ -36,17 +36,22 @@ def create(spec, **params):
     names and parameters raise ValueError naming what is accepted; the compressor's
     constructor checks the values.
     """
-    if not isinstance(spec, str):
-        raise ValueError(f"compression spec must be a string like 'randomk:density=0.01', got {spec!r}")
-    name, _, args = spec.partition(":")
-    merged = dict(_parse_args(args, spec))
+    name, merged = parse_spec(spec)
     merged.update(params)
-    cls = get(name.strip())
+    cls = get(name)
     accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     for key in merged:
         if key not in accepted:
             raise ValueError(f"{cls.name} has no parameter {key!r}; its parameters are {accepted}")
     return cls(**merged)
+
+
+def parse_spec(spec):
+    """``"name:key=value,..."`` -> ``(name, {key: value})``, values parsed as in :func:`create`."""
+    if not isinstance(spec, str):
+        raise ValueError(f"compression spec must be a string like 'randomk:density=0.01', got {spec!r}")
+    name, _, args = spec.partition(":")
+    return name.strip(), dict(_parse_args(args, spec))
 
 
 def _parse_args(args, spec):

@@ -8,5 +8,9 @@ compressor in :mod:`horovod_sparse.registry`.
 from horovod_sparse.compressors.base import Compressor
 from horovod_sparse.compressors.cast import FP16Compressor, NoneCompressor
 from horovod_sparse.compressors.randomk import RandomKCompressor
+from horovod_sparse.compressors.sparsifiers import (DGCCompressor, GaussianKCompressor, GTopKCompressor,
+                                                    OkTopKCompressor, ThresholdCompressor, TopKCompressor)
 
-__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "RandomKCompressor"]
+__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "RandomKCompressor", "TopKCompressor",
+           "OkTopKCompressor", "GaussianKCompressor", "ThresholdCompressor", "DGCCompressor",
+           "GTopKCompressor"]

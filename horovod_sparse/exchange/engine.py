@@ -8,7 +8,7 @@ from .comm import CountingComm
 from .errors import ExchangeError
 from .result import ExchangeResult
 from .sparse_ops import wire_index_dtype
-from .validation import VALUE_DTYPE_CODES, LocalInput, agree
+from .validation import TAG_ERROR_CODE, VALUE_DTYPE_CODES, LocalInput, agree, tag_as_int64
 
 ALGORITHMS = ("dense", "allgather", "oktopk", "gtopk", "dsa")
 _IMPLEMENTATIONS = {
@@ -87,24 +87,32 @@ class SparseAllreduce:
         self._calls = 0
 
     # ------------------------------------------------------------------ main
-    def allreduce(self, indices, values):
+    def allreduce(self, indices, values, tag=0):
         """Sum the sparse vectors (indices, values) of all ranks; see the class docstring.
 
         indices : 1-D integer array (numpy or CPU torch tensor), unique, in [0, n).
         values : 1-D float16/float32/float64 array of the same length (float16 is
             carried as float32).
+        tag : int in [-2**63, 2**63), default 0.  A caller-chosen check value that
+            every rank must pass identically (e.g. a CRC32 of the gradient layout
+            being exchanged); it travels in the agreement header, no extra message.
         Raises ExchangeError on every rank if any rank's input is invalid or the
-        ranks disagree on n, algorithm, k, parameters, value dtype or call count.
+        ranks disagree on n, algorithm, k, parameters, value dtype, call count or tag.
         """
         if self._comm.closed:
             raise RuntimeError("SparseAllreduce is closed")
         before = self._comm.traffic
         local = LocalInput(indices, values, self.n)
+        tag_value = tag_as_int64(tag)
+        if tag_value is None:  # reported by every rank through the header, never raised alone
+            tag_value = 0
+            if local.error_code == 0:
+                local.error_code = TAG_ERROR_CODE
         header = dict(error_code=local.error_code, error_detail=local.error_detail, n=self.n,
                       algorithm=ALGORITHMS.index(self.algorithm),
                       k=-1 if self.k is None else self.k, call=self._calls,
                       value_dtype=VALUE_DTYPE_CODES.get(local.value_dtype, 0),
-                      params=self._params_code, count=local.indices.size)
+                      params=self._params_code, count=local.indices.size, tag=tag_value)
         self._calls += 1  # on every rank, also when the call is rejected
         agreed = agree(self._comm, header, ALGORITHMS)
 

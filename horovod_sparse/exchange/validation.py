@@ -13,16 +13,27 @@ from .errors import ExchangeError
 
 # Header layout: one int64 per field, the same on every rank.
 HEADER_FIELDS = ("error_code", "error_detail", "n", "algorithm", "k", "call",
-                 "value_dtype", "params", "count")
+                 "value_dtype", "params", "count", "tag")
 _ERROR_TEXT = {
     1: "indices must be a 1-D integer array (numpy or CPU torch tensor)",
     2: "values must be a 1-D float16/float32/float64 array (numpy or CPU torch tensor)",
     3: "indices and values have different lengths (indices length {detail})",
     4: "index {detail} is outside [0, n)",
     5: "index {detail} appears more than once",
+    6: "tag must be an integer in [-2**63, 2**63)",
 }
 # Fields every rank must agree on, with how to print them.
-_AGREED = ("n", "algorithm", "k", "call", "value_dtype", "params")
+# ``tag`` is the caller's own check value (e.g. a CRC32 of the gradient layout).
+_AGREED = ("n", "algorithm", "k", "call", "value_dtype", "params", "tag")
+TAG_ERROR_CODE = 6
+
+
+def tag_as_int64(tag):
+    """``tag`` as a Python int if it is an integer (not bool) that fits int64, else None."""
+    if isinstance(tag, (bool, np.bool_)) or not isinstance(tag, (int, np.integer)):
+        return None
+    tag = int(tag)
+    return tag if -2 ** 63 <= tag < 2 ** 63 else None
 VALUE_DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 
 

@@ -1,12 +1,10 @@
 """The TensorFlow Horovod compressor: one framework-free compressor bound to TF ops."""
-import weakref
-
-import tensorflow as tf
 from horovod.tensorflow.compression import Compressor as HorovodCompressor
-from tensorflow.python.ops.control_flow_v2_func_graphs import CondBranchFuncGraph
 
 from horovod_sparse.adapter import CompressorAdapter, make_compression_namespace
 from horovod_sparse.ops.tf_ops import TFOps
+from horovod_sparse.tensorflow.chained import TFSparseCompressor
+from horovod_sparse.tensorflow.positions import TracePositions
 
 
 class TFCompressor(CompressorAdapter, HorovodCompressor):
@@ -28,30 +26,14 @@ class TFCompressor(CompressorAdapter, HorovodCompressor):
 
     def __init__(self, algorithm):
         super().__init__(algorithm)
-        self._positions = weakref.WeakKeyDictionary()  # traced graph -> next position
+        self._positions = TracePositions()
 
     def compress(self, tensor, name=None):
-        return self.compress_slot(tensor, name if name is not None else self._trace_position())
-
-    def _trace_position(self):
-        if tf.executing_eagerly():
-            if self.algorithm.stateful:
-                raise ValueError(
-                    f"{self.algorithm.name} keeps per-gradient state and was called eagerly without "
-                    "a name; call it inside tf.function (as hvd.DistributedGradientTape and the "
-                    "Keras DistributedOptimizer do) or as compress(tensor, name=...)")
-            return None
-        # Horovod wraps each allreduce in tf.cond: count in the function around the branches.
-        graph = tf.compat.v1.get_default_graph()
-        while isinstance(graph, CondBranchFuncGraph):
-            graph = graph.outer_graph
-        position = self._positions.get(graph, 0)
-        self._positions[graph] = position + 1
-        return position
+        return self.compress_slot(tensor, name if name is not None else self._positions.next(self.algorithm))
 
 
 Compression = make_compression_namespace(
-    TFCompressor,
+    TFCompressor, TFSparseCompressor,
     """Compressors for ``hvd.DistributedGradientTape(compression=...)`` and
     ``horovod.tensorflow.keras.DistributedOptimizer(compression=...)``.
 

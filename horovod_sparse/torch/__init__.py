@@ -9,5 +9,6 @@
 Imports PyTorch (and Horovod's PyTorch ops) only.
 """
 from horovod_sparse.torch.compression import Compression, TorchCompressor
+from horovod_sparse.torch.fused import TorchSparseCompressor
 
-__all__ = ["Compression", "TorchCompressor"]
+__all__ = ["Compression", "TorchCompressor", "TorchSparseCompressor"]

@@ -171,3 +171,24 @@ def test_mismatch_across_ranks_is_a_clear_error_everywhere(field):
             ex.load_state_dict(dict(ex.state_dict(), calls=7))
         with pytest.raises(ExchangeError, match=f"ranks disagree on {field}"):
             ex.allreduce(indices, values)
+
+
+@pytest.mark.skipif(SIZE == 1, reason="needs two ranks to disagree")
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_different_tags_are_a_clear_error_everywhere(algorithm):
+    n = 100
+    indices, values = random_sparse(n, 10, seed=RANK)
+    tags = [0xC0FFEE + (r == 1) for r in range(SIZE)]  # rank 1 has another gradient layout
+    with SparseAllreduce(n, algorithm, k=K) as ex:
+        with pytest.raises(ExchangeError, match=r"ranks disagree on tag \(rank 0: 12648430, "
+                                                r"rank 1: 12648431") as info:
+            ex.allreduce(indices, values, tag=tags[RANK])
+        assert "before any data moved" in str(info.value)
+        assert all_ranks(ex.traffic.payload_bytes == 0)
+        # Equal tags (any int64, numpy ints included) pass, and the engine stays usable.
+        res = ex.allreduce(indices, values, tag=np.int64(-2 ** 63))
+        assert identical_on_all_ranks(res.indices, res.values)
+        # A tag that is not an int64 on one rank is reported on every rank, naming it.
+        bad = 2 ** 63 if RANK == SIZE - 1 else 0
+        with pytest.raises(ExchangeError, match=f"rank {SIZE - 1}: tag must be an integer"):
+            ex.allreduce(indices, values, tag=bad)

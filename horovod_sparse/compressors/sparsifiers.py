@@ -1,0 +1,256 @@
+"""Sparsifying compressors: top-k, Ok-Topk, Gaussiank, threshold, DGC, gTop-k.
+
+Each rank keeps different indices, so Horovod's dense allreduce cannot carry these
+exchanges: they are *fused* compressors. The frontends flatten a step's gradients
+into one float32 buffer of length n (or one buffer per gradient) and call
+``compressor.make_sparsifier(n, comm)`` once per buffer, then
+``sparsifier.step(grad, tag=...)`` every step on every rank; the sparsifier
+(:class:`horovod_sparse.sparsify.Sparsifier`) returns the SUM over ranks of what
+the ranks sent. ``compress``/``decompress`` are not used.
+
+Target count per buffer: k = max(1, ceil(density * n)) (n > 0).
+
+References: Ok-Topk, Li & Hoefler, PPoPP'22; Gaussiank, Shi et al. 2019
+("Understanding Top-k Sparsification..."); gTop-k, Shi et al., ICDCS'19; DGC, Lin
+et al., ICLR'18; TopkA / TopkDSA (SparCML, Renggli et al., SC'19).
+"""
+import math
+import numbers
+
+from horovod_sparse.compressors.base import (Compressor, check_bool, check_fraction,
+                                             check_nonnegative_int)
+from horovod_sparse.registry import register
+from horovod_sparse.sparsify import rules
+from horovod_sparse.sparsify.selection import k_for
+from horovod_sparse.sparsify.sparsifier import Sparsifier
+
+#: exchanges a compressor with an exact top-k selection can use
+TOPK_EXCHANGES = ("allgather", "oktopk", "gtopk", "dsa")
+#: exchanges for threshold-based selections, whose counts differ between ranks
+#: (the oktopk/gtopk exchanges assume about k entries per rank)
+THRESHOLD_EXCHANGES = ("allgather", "dsa")
+
+
+def check_choice(name, value, choices):
+    """``value`` if it is one of ``choices``; ValueError naming ``name`` and the choices otherwise."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def check_positive_int(name, value, upper=2**31 - 1):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= upper:
+        raise ValueError(f"{name} must be an integer in [1, {upper}], got {value!r}")
+    return int(value)
+
+
+def check_positive_number(name, value):
+    """A finite float > 0; ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or not value > 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def check_unit_interval(name, value):
+    """A float in [0, 1); ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+class SparsifyingCompressor(Compressor):
+    """Base of the fused sparsifying compressors: ``make_sparsifier`` instead of compress/decompress."""
+
+    fused = True
+    stateful = True
+
+    def make_sparsifier(self, n, comm):
+        """A :class:`~horovod_sparse.sparsify.Sparsifier` for a buffer of ``n`` elements on ``comm``
+        (collective: every rank of ``comm`` must call it, in the same order)."""
+        raise NotImplementedError
+
+    def k_for(self, n):
+        """Target number of entries for a buffer of ``n`` elements."""
+        return k_for(self.density, n)
+
+    def compress(self, ops, tensor, slot):
+        raise NotImplementedError(f"fused compressor: {self.name} exchanges whole buffers through "
+                                  "make_sparsifier(n, comm).step(grad), not per-tensor compress()")
+
+    def decompress(self, ops, payload, ctx):
+        raise NotImplementedError(f"fused compressor: {self.name} exchanges whole buffers through "
+                                  "make_sparsifier(n, comm).step(grad), not per-tensor decompress()")
+
+
+@register
+class TopKCompressor(SparsifyingCompressor):
+    """Exact top-k by magnitude of the accumulated gradient (TopkA with the default exchange).
+
+    Args:
+        density: fraction of the buffer each rank sends per step, in (0, 1].
+        error_feedback: keep what was not consumed in a residual (strongly advised).
+        exchange: "allgather" (TopkA, 2k(P-1) pairs per rank), "oktopk" (Ok-Topk's
+            sparse allreduce, global top-k, < 6k pairs), "gtopk" (gTop-k tree, global
+            top-k) or "dsa" (TopkDSA, sparse-or-dense regions).
+    """
+
+    name = "topk"
+
+    def __init__(self, density=0.01, error_feedback=True, exchange="allgather"):
+        super().__init__()
+        self.density = check_fraction("density", density)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.exchange = check_choice("exchange", exchange, TOPK_EXCHANGES)
+        self.params = dict(density=self.density, error_feedback=self.error_feedback,
+                           exchange=self.exchange)
+
+    def make_sparsifier(self, n, comm):
+        return Sparsifier(n, comm, rules.TopKRule(), self.k_for(n), exchange=self.exchange,
+                          error_feedback=self.error_feedback)
+
+
+@register
+class OkTopKCompressor(SparsifyingCompressor):
+    """Ok-Topk (Li & Hoefler, PPoPP'22): local threshold, Ok-Topk sparse allreduce.
+
+    Args:
+        density: target fraction of the buffer selected locally and globally, in (0, 1].
+        tau: steps between repartitions of the index space among ranks (>= 1).
+        tau_prime: steps between exact recomputations of the local and global
+            thresholds (>= 1); in between they are nudged by x1.012 or /1.012.
+        warmup_steps: number of first steps exchanged densely (whole buffer, residual
+            cleared), >= 0.
+        error_feedback: keep what was not consumed in a residual; cleared only at
+            indices selected both locally and globally.
+    """
+
+    name = "oktopk"
+
+    def __init__(self, density=0.01, tau=64, tau_prime=32, warmup_steps=0, error_feedback=True):
+        super().__init__()
+        self.density = check_fraction("density", density)
+        self.tau = check_positive_int("tau", tau)
+        self.tau_prime = check_positive_int("tau_prime", tau_prime)
+        self.warmup_steps = check_nonnegative_int("warmup_steps", warmup_steps, upper=2**31 - 1)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.params = dict(density=self.density, tau=self.tau, tau_prime=self.tau_prime,
+                           warmup_steps=self.warmup_steps, error_feedback=self.error_feedback)
+
+    def make_sparsifier(self, n, comm):
+        return Sparsifier(n, comm, rules.OkTopkLocalRule(self.tau_prime), self.k_for(n),
+                          exchange="oktopk", error_feedback=self.error_feedback,
+                          warmup_steps=self.warmup_steps,
+                          exchange_params=dict(tau=self.tau, tau_prime=self.tau_prime))
+
+
+@register
+class GaussianKCompressor(SparsifyingCompressor):
+    """Gaussiank: threshold |mu| + |Phi^-1(density/2)| * sigma of the accumulated gradient,
+    corrected so each rank's count lies in [ceil(k/2), 2k].
+
+    Args:
+        density: target fraction of the buffer each rank sends, in (0, 1].
+        error_feedback: keep what was not sent in a residual.
+        exchange: "allgather" or "dsa" (counts differ between ranks).
+    """
+
+    name = "gaussiank"
+
+    def __init__(self, density=0.01, error_feedback=True, exchange="allgather"):
+        super().__init__()
+        self.density = check_fraction("density", density)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.exchange = check_choice("exchange", exchange, THRESHOLD_EXCHANGES)
+        self.params = dict(density=self.density, error_feedback=self.error_feedback,
+                           exchange=self.exchange)
+
+    def make_sparsifier(self, n, comm):
+        return Sparsifier(n, comm, rules.GaussianRule(self.density), self.k_for(n),
+                          exchange=self.exchange, error_feedback=self.error_feedback)
+
+
+@register
+class ThresholdCompressor(SparsifyingCompressor):
+    """Fixed threshold: every entry with |accumulated gradient| >= value is sent.
+
+    Args:
+        value: magnitude threshold in the gradient's units (finite, > 0). The count
+            per step is anything from 0 to n.
+        error_feedback: keep what was not sent in a residual.
+        exchange: "allgather" or "dsa" (DSA switches a region to dense when the
+            sparse form would be larger, which bounds the volume when many pass).
+    """
+
+    name = "threshold"
+
+    def __init__(self, value=1e-3, error_feedback=True, exchange="allgather"):
+        super().__init__()
+        self.value = check_positive_number("value", value)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.exchange = check_choice("exchange", exchange, THRESHOLD_EXCHANGES)
+        self.params = dict(value=self.value, error_feedback=self.error_feedback,
+                           exchange=self.exchange)
+
+    def k_for(self, n):
+        return 0  # no target count: the threshold decides
+
+    def make_sparsifier(self, n, comm):
+        return Sparsifier(n, comm, rules.ThresholdRule(self.value), 0, exchange=self.exchange,
+                          error_feedback=self.error_feedback)
+
+
+@register
+class DGCCompressor(SparsifyingCompressor):
+    """Deep Gradient Compression (Lin et al., ICLR'18): momentum correction, sampled threshold,
+    momentum factor masking.
+
+    u = momentum * u + grad; v = v + u; send v where |v| >= a threshold estimated from a
+    random sample of v (corrected so the count lies in [ceil(k/2), 2k]); clear u and v
+    there. The momentum is applied here, so the optimizer must be plain SGD without
+    momentum. Not included: DGC's local gradient clipping and its sparsity warm-up.
+
+    Args:
+        density: target fraction of the buffer each rank sends, in (0, 1].
+        momentum: momentum factor in [0, 1).
+        sample_fraction: fraction of the buffer sampled to estimate the threshold, in (0, 1].
+        exchange: "allgather" or "dsa".
+    """
+
+    name = "dgc"
+
+    def __init__(self, density=0.001, momentum=0.9, sample_fraction=0.01, exchange="allgather"):
+        super().__init__()
+        self.density = check_fraction("density", density)
+        self.momentum = check_unit_interval("momentum", momentum)
+        self.sample_fraction = check_fraction("sample_fraction", sample_fraction)
+        self.exchange = check_choice("exchange", exchange, THRESHOLD_EXCHANGES)
+        self.params = dict(density=self.density, momentum=self.momentum,
+                           sample_fraction=self.sample_fraction, exchange=self.exchange)
+
+    def make_sparsifier(self, n, comm):
+        return Sparsifier(n, comm, rules.SampledRule(self.density, self.sample_fraction),
+                          self.k_for(n), exchange=self.exchange, momentum=self.momentum)
+
+
+@register
+class GTopKCompressor(SparsifyingCompressor):
+    """gTop-k (Shi et al., ICDCS'19): local exact top-k, tree merge keeping the global top-k.
+
+    Args:
+        density: fraction of the buffer selected locally and globally, in (0, 1].
+        error_feedback: keep what was not consumed (cleared at local ∩ global) in a residual.
+    """
+
+    name = "gtopk"
+
+    def __init__(self, density=0.01, error_feedback=True):
+        super().__init__()
+        self.density = check_fraction("density", density)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.params = dict(density=self.density, error_feedback=self.error_feedback)
+
+    def make_sparsifier(self, n, comm):
+        return Sparsifier(n, comm, rules.TopKRule(), self.k_for(n), exchange="gtopk",
+                          error_feedback=self.error_feedback)

@@ -1,0 +1,124 @@
+"""What the PyTorch and TensorFlow frontends share for the sparsifying compressors
+(top-k, Ok-Topk, gTop-k, ...), whose exchange Horovod's dense allreduce cannot carry.
+
+Their gradients go through a :class:`~horovod_sparse.sparsify.Sparsifier` (numpy:
+error feedback, selection, the sparse allreduce over mpi4py, residual update), and
+Horovod's allreduce carries only a one-element probe of 1.0 per gradient: the reduced
+probe is 1 under Average and P under Sum (pre/postscale factors included), and scales
+the sparsifier's sum accordingly (see :mod:`horovod_sparse.horovod_checks`).
+
+Gradients smaller than ``dense_below`` elements (biases, norms), and non-float ones,
+skip the sparsifier and go through Horovod's allreduce as they are, as CGX does: a
+sparse exchange of a few hundred values costs more in latency than it saves.
+"""
+from horovod_sparse.compressors.cast import NoneCompressor
+from horovod_sparse.compressors.base import check_nonnegative_int
+from horovod_sparse.layout import GradientLayout
+
+#: default size (elements) under which a gradient skips sparsification
+DEFAULT_DENSE_BELOW = 1024
+
+
+def ring_bytes(payload_bytes, world_size):
+    """Bytes a rank sends in a ring allreduce of ``payload_bytes``: 2(P-1)/P of them."""
+    return 0 if world_size <= 1 else 2 * (world_size - 1) * payload_bytes / world_size
+
+
+class SparseCompressorBase:
+    """State shared by the frontends' sparse compressors.
+
+    Attributes:
+        algorithm: the registered compressor (``algorithm.make_sparsifier(n, comm)``).
+        dense_below: gradients with fewer elements go dense through Horovod.
+        sparsifiers: ``{key: (GradientLayout, Sparsifier)}``, one per exchanged buffer
+            (PyTorch: one for the whole fused step; TensorFlow: one per gradient).
+    """
+
+    ops = None  # the frontend's ArrayOps
+
+    def __init__(self, algorithm, dense_below=DEFAULT_DENSE_BELOW):
+        self.algorithm = algorithm
+        self.dense_below = check_nonnegative_int("dense_below", dense_below)
+        self.sparsifiers = {}
+        self._dense = NoneCompressor()
+        self._pending_state = {}
+        self._comm = None
+        # gradient key -> (its bytes uncompressed, bytes handed to Horovod's allreduce), last step
+        self._bytes = {}
+
+    @property
+    def comm(self):
+        if self._comm is None:
+            from mpi4py import MPI
+            self._comm = MPI.COMM_WORLD
+        return self._comm
+
+    def goes_dense(self, tensor):
+        return not self.ops.is_float(tensor) or self.ops.numel(tensor) < self.dense_below
+
+    def compress_dense(self, tensor, key):
+        payload, ctx = self._dense.compress(self.ops, tensor, None)
+        self.record(key, tensor, payload)
+        return payload, ("dense", ctx)
+
+    def record(self, key, tensor, payload):
+        """Remember the sizes of one gradient and of what Horovod carries for it."""
+        self._bytes[key] = (self.ops.nbytes(tensor), self.ops.nbytes(payload))
+
+    def decompress_dense(self, payload, ctx):
+        return self._dense.decompress(self.ops, payload, ctx)
+
+    def sparsifier_for(self, key, layout):
+        """The sparsifier exchanging ``layout`` under ``key``, created on first use."""
+        if key in self.sparsifiers:
+            known, sparsifier = self.sparsifiers[key]
+            if known != layout:
+                raise ValueError(
+                    f"the gradients of {self.algorithm.name} changed: were [{known.describe()}], now "
+                    f"[{layout.describe()}]. Their residuals cannot carry over; use a new compressor "
+                    "(one per optimizer) if the model's trainable parameters change")
+            return sparsifier
+        sparsifier = self.algorithm.make_sparsifier(layout.n, self.comm)
+        if key in self._pending_state:
+            sparsifier.load_state_dict(self._pending_state.pop(key))
+        self.sparsifiers[key] = (layout, sparsifier)
+        return sparsifier
+
+    def scale(self, reduced_probe):
+        """The factor turning a sparsifier's sum into Horovod's result: 1/P (Average) or 1 (Sum)."""
+        return float(reduced_probe) / self.comm.Get_size()
+
+    # -- checkpointing ----------------------------------------------------------------
+    def state_dict(self):
+        """``{key: sparsifier state}`` (numpy arrays and ints); each rank saves its own."""
+        return {key: dict(sparsifier.state_dict(), layout=layout.describe())
+                for key, (layout, sparsifier) in self.sparsifiers.items()}
+
+    def load_state_dict(self, state_dict):
+        """Restore :meth:`state_dict`; buffers not yet created are restored on first use."""
+        for key, entry in state_dict.items():
+            entry = {k: v for k, v in entry.items() if k != "layout"}
+            if key in self.sparsifiers:
+                self.sparsifiers[key][1].load_state_dict(entry)
+            else:
+                self._pending_state[key] = entry
+
+    # -- accounting --------------------------------------------------------------------
+    @property
+    def dense_bytes_per_step(self):
+        """Bytes of the gradients uncompressed, per step."""
+        return sum(dense for dense, _ in self._bytes.values())
+
+    def bytes_sent_per_step(self, world_size):
+        """Bytes this rank sent in the last step: the sparse exchanges' counted bytes plus a
+        ring allreduce's share of what Horovod carried (small dense gradients and probes)."""
+        sparse = sum(s.last.traffic.bytes_sent for _, s in self.sparsifiers.values()
+                     if getattr(s, "last", None) is not None)
+        return sparse + ring_bytes(sum(carried for _, carried in self._bytes.values()), world_size)
+
+    def close(self):
+        for _, sparsifier in self.sparsifiers.values():
+            sparsifier.close()
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.algorithm.spec!r}, dense_below={self.dense_below})"

@@ -1,0 +1,135 @@
+"""Sparsifiers behind DistributedGradientTape and the Keras DistributedOptimizer: one
+exchange per gradient, chained in trace order."""
+import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hvd_keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import horovod_sparse.tensorflow as hvds
+
+SPECS = ["topk:density=0.05", "oktopk:density=0.05", "gtopk:density=0.05", "gaussiank:density=0.05",
+         "threshold:value=0.01", "dgc:density=0.05", "topk:density=0.05,exchange=dsa"]
+
+
+def exact_topk(values, k):
+    return np.sort(np.argsort(-np.abs(values), kind="stable")[:k])
+
+
+def test_topk_first_step_equals_independent_oracle(average_across_ranks):
+    compressor = hvds.Compression.topk(density=0.05, dense_below=64)
+    shapes = [(64, 40), (40,), (300,)]
+    rng = np.random.default_rng(700 + hvd.rank())
+    grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+    @tf.function
+    def exchange(grads):
+        return [hvd.allreduce(g, op=hvd.Average, compression=compressor) for g in grads]
+
+    results = exchange([tf.constant(g) for g in grads])
+    for grad, result in zip(grads, results):
+        if grad.size < 64:
+            expected = average_across_ranks(grad)
+        else:  # per-gradient top-k in TensorFlow (Horovod exchanges gradients one by one)
+            kept = np.zeros(grad.size, np.float32)
+            local = exact_topk(grad.ravel(), int(np.ceil(0.05 * grad.size)))
+            kept[local] = grad.ravel()[local]
+            expected = average_across_ranks(kept).reshape(grad.shape)
+        np.testing.assert_allclose(result.numpy(), expected, rtol=1e-6, atol=1e-7)
+
+
+def data(rank, n=800):
+    rng = np.random.default_rng(900 + rank)
+    x = rng.standard_normal((n, 32)).astype(np.float32)
+    y = ((x[:, :4].sum(1) > 0).astype(np.int64) + 2 * (x[:, 4] > 0)).astype(np.int64)
+    return x, y
+
+
+def make_model():
+    tf.keras.utils.set_random_seed(100 + hvd.rank())
+    return tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(64, activation="relu"),
+                                tf.keras.layers.Dense(4)])
+
+
+def flat_weights(model):
+    return np.concatenate([w.numpy().ravel() for w in model.trainable_variables])
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_gradient_tape_replicas_bitwise_identical_after_100_steps(spec, assert_identical_across_ranks):
+    model = make_model()
+    compression = hvds.Compression.from_spec(spec, dense_below=100)
+    opt = tf.keras.optimizers.SGD(0.05, momentum=0.0 if spec.startswith("dgc") else 0.9)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = data(hvd.rank())
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    model(x[:1])
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    start = flat_weights(model)
+    losses = [float(step(x[i * 8:(i + 1) * 8], y[i * 8:(i + 1) * 8])) for i in range(100)]
+    params = flat_weights(model)
+    assert_identical_across_ranks(params)
+    assert not np.allclose(params, start)
+    assert np.mean(losses[-20:]) < np.mean(losses[:20])
+    assert sorted(layout.n for layout, _ in compression.sparsifiers.values()) == [64 * 4, 32 * 64]
+
+
+def test_keras_fit_with_oktopk(assert_identical_across_ranks):
+    model = make_model()
+    compression = hvds.Compression.oktopk(density=0.05, dense_below=100)
+    opt = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=compression)
+    model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = data(hvd.rank(), n=320)
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert_identical_across_ranks(flat_weights(model))
+    assert len(compression.sparsifiers) == 2
+    assert all(s.last is not None for _, s in compression.sparsifiers.values())
+
+
+def test_adasum_is_refused():
+    compressor = hvds.Compression.topk(density=0.1)
+
+    @tf.function
+    def exchange(g):
+        return hvd.allreduce(g, op=hvd.Adasum, compression=compressor)
+
+    with pytest.raises(ValueError, match="Adasum"):
+        exchange(tf.ones([2048]))
+
+
+def test_grouped_tape_fuses_the_group_into_one_exchange(assert_identical_across_ranks, average_across_ranks):
+    """With groups=1 Horovod compresses every gradient before the first decompress: one fused top-k."""
+    compressor = hvds.Compression.topk(density=0.05, dense_below=64)
+    variables = [tf.Variable(tf.zeros(s)) for s in [(64, 40), (40,), (300,)]]
+    rng = np.random.default_rng(800 + hvd.rank())
+    targets = [rng.standard_normal(v.shape).astype(np.float32) for v in variables]
+
+    @tf.function
+    def grads():
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(v * t) for v, t in zip(variables, targets)])
+        tape = hvd.DistributedGradientTape(tape, compression=compressor, groups=1)
+        return tape.gradient(loss, variables)
+
+    results = grads()
+    (keys, (layout, _)), = compressor.sparsifiers.items()
+    assert layout.n == 64 * 40 + 300, "the two large gradients share one buffer"
+    fused = np.concatenate([targets[0].ravel(), targets[2].ravel()])
+    kept = np.zeros_like(fused)
+    local = exact_topk(fused, int(np.ceil(0.05 * fused.size)))
+    kept[local] = fused[local]
+    oracle = average_across_ranks(kept)
+    np.testing.assert_allclose(results[0].numpy().ravel(), oracle[:2560], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(results[2].numpy().ravel(), oracle[2560:], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(results[1].numpy(), average_across_ranks(targets[1]), rtol=1e-6)
+    assert_identical_across_ranks(results[0].numpy())

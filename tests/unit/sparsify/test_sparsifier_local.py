@@ -1,0 +1,70 @@
+"""The Sparsifier on a single-rank communicator: API, state_dict contents, local errors."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import horovod_sparse
+from horovod_sparse.sparsify import Sparsifier, StepInfo
+from horovod_sparse.sparsify.rules import TopKRule
+
+SPECS = ["topk", "topk:exchange=oktopk", "topk:exchange=gtopk", "topk:exchange=dsa", "oktopk",
+         "oktopk:warmup_steps=2", "gtopk", "gaussiank", "threshold", "dgc"]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_step_returns_what_was_kept_and_state_is_numpy_and_ints(spec):
+    n = 1000
+    compressor = horovod_sparse.create(spec)
+    rng = np.random.default_rng(0)
+    with compressor.make_sparsifier(n, MPI.COMM_SELF) as sparsifier:
+        assert isinstance(sparsifier, Sparsifier) and sparsifier.last is None
+        assert sparsifier.residual.dtype == np.float32 and sparsifier.residual.shape == (n,)
+        for step in range(4):
+            grad = rng.standard_normal(n).astype(np.float32)
+            out = sparsifier.step(grad)
+            info = sparsifier.last
+            assert isinstance(info, StepInfo) and info.step == step
+            expected = np.zeros(n, np.float32)
+            expected[info.cleared_indices] = info.kept_values
+            assert np.array_equal(out, expected)
+            assert out is not sparsifier.residual and not np.shares_memory(out, sparsifier.residual)
+        state = sparsifier.state_dict()
+        assert state["step"] == 4 and "layout" not in state
+        for key, value in state.items():
+            assert isinstance(value, (int, np.ndarray, np.generic)), key
+        assert (sparsifier.velocity is not None) == (spec == "dgc")
+
+
+def test_load_state_dict_refuses_another_buffer_length():
+    compressor = horovod_sparse.create("topk")
+    with compressor.make_sparsifier(10, MPI.COMM_SELF) as small, \
+            compressor.make_sparsifier(11, MPI.COMM_SELF) as large:
+        with pytest.raises(ValueError, match="n=10"):
+            large.load_state_dict(small.state_dict())
+
+
+def test_float64_gradients_are_cast_and_wrong_shapes_refused():
+    with horovod_sparse.create("topk", density=0.5).make_sparsifier(4, MPI.COMM_SELF) as sparsifier:
+        out = sparsifier.step(np.array([1.0, -4.0, 2.0, 0.5]))
+        assert out.dtype == np.float32 and out.tolist() == [0.0, -4.0, 2.0, 0.0]
+        with pytest.raises(ValueError, match="length n=4"):
+            sparsifier.step(np.zeros(5, np.float32))
+
+
+def test_sparsifier_refuses_the_dense_exchange_and_close_is_idempotent():
+    with pytest.raises(ValueError, match="exchange must be one of"):
+        Sparsifier(10, MPI.COMM_SELF, TopKRule(), 1, exchange="dense")
+    sparsifier = Sparsifier(10, MPI.COMM_SELF, TopKRule(), 1)
+    sparsifier.close()
+    sparsifier.close()
+    assert "rule=topk" in repr(sparsifier)
+
+
+def test_input_gradient_is_never_modified():
+    grad = np.arange(100, dtype=np.float32)
+    grad.setflags(write=False)  # e.g. what tf.numpy_function hands over
+    for spec in SPECS:
+        with horovod_sparse.create(spec).make_sparsifier(100, MPI.COMM_SELF) as sparsifier:
+            sparsifier.step(grad)
+            sparsifier.step(grad)
+    assert np.array_equal(grad, np.arange(100, dtype=np.float32))
