@@ -46,13 +46,13 @@ def compression_for(run):
     return hvd.Compression.none if run == "dense" else hvds.Compression.from_spec(run)
 
 
-def train_one(run, data, epochs, batch_size, lr):
+def train_one(run, data, epochs, batch_size, lr, momentum):
     x_train, y_train, x_test, y_test = data
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
     compression = compression_for(run)
     # DGC applies momentum itself (momentum correction), so its optimizer must not.
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0 if run.startswith("dgc") else 0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0 if run.startswith("dgc") else momentum)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
@@ -109,6 +109,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=16, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (DGC runs use 0)")
     args = parser.parse_args()
 
     hvd.init()
@@ -116,7 +117,7 @@ def main():
     data = load_data()
     rows = []
     for run in args.runs:
-        rows.append(train_one(run, data, args.epochs, args.batch_size, args.lr))
+        rows.append(train_one(run, data, args.epochs, args.batch_size, args.lr, args.momentum))
         if hvd.rank() == 0:
             print(f"  {run}: test accuracy {rows[-1]['accuracy']:.4f}", flush=True)
     if hvd.rank() == 0:
