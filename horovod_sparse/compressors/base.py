@@ -62,3 +62,32 @@ def check_nonnegative_int(name, value, upper=2**63 - 1):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= upper:
         raise ValueError(f"{name} must be an integer in [0, {upper}], got {value!r}")
     return int(value)
+
+
+def check_choice(name, value, choices):
+    """``value`` if it is one of ``choices``; ValueError naming ``name`` and the choices otherwise."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def check_positive_int(name, value, upper=2**31 - 1):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= upper:
+        raise ValueError(f"{name} must be an integer in [1, {upper}], got {value!r}")
+    return int(value)
+
+
+def check_positive_number(name, value):
+    """A finite float > 0; ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or not value > 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def check_unit_interval(name, value):
+    """A float in [0, 1); ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+    return float(value)

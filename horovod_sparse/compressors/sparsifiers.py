@@ -14,11 +14,10 @@ References: Ok-Topk, Li & Hoefler, PPoPP'22; Gaussiank, Shi et al. 2019
 ("Understanding Top-k Sparsification..."); gTop-k, Shi et al., ICDCS'19; DGC, Lin
 et al., ICLR'18; TopkA / TopkDSA (SparCML, Renggli et al., SC'19).
 """
-import math
-import numbers
 
-from horovod_sparse.compressors.base import (Compressor, check_bool, check_fraction,
-                                             check_nonnegative_int)
+from horovod_sparse.compressors.base import (Compressor, check_bool, check_choice, check_fraction,
+                                             check_nonnegative_int, check_positive_int,
+                                             check_positive_number, check_unit_interval)
 from horovod_sparse.registry import register
 from horovod_sparse.sparsify import rules
 from horovod_sparse.sparsify.selection import k_for
@@ -29,35 +28,6 @@ TOPK_EXCHANGES = ("allgather", "oktopk", "gtopk", "dsa")
 #: exchanges for threshold-based selections, whose counts differ between ranks
 #: (the oktopk/gtopk exchanges assume about k entries per rank)
 THRESHOLD_EXCHANGES = ("allgather", "dsa")
-
-
-def check_choice(name, value, choices):
-    """``value`` if it is one of ``choices``; ValueError naming ``name`` and the choices otherwise."""
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-    return value
-
-
-def check_positive_int(name, value, upper=2**31 - 1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= upper:
-        raise ValueError(f"{name} must be an integer in [1, {upper}], got {value!r}")
-    return int(value)
-
-
-def check_positive_number(name, value):
-    """A finite float > 0; ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-            or not value > 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def check_unit_interval(name, value):
-    """A float in [0, 1); ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-            or not 0 <= value < 1:
-        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
-    return float(value)
 
 
 class SparsifyingCompressor(Compressor):
