@@ -130,6 +130,8 @@ def parse_args(argv=None):
                         "else 'unknown')")
     p.add_argument("--out", default=None, help="append JSON lines here (rank 0)")
     p.add_argument("--no-table", action="store_true", help="do not print the table")
+    p.add_argument("--check", action="store_true",
+                   help="compare the last result with a dense MPI reference sum (slow at large n)")
     a = p.parse_args(argv)
     if a.n < 1 or not (0 < a.density <= 1) or a.repeats < 1 or a.warmup < 0:
         p.error("need n >= 1, 0 < density <= 1, repeats >= 1, warmup >= 0")
@@ -142,7 +144,7 @@ def bench_one(make, algorithm, idx, vals, args, comm):
     try:
         for _ in range(args.warmup):
             ex.allreduce(idx, vals)
-        times, sent, recv, msgs = [], [], [], []
+        times, sent, recv, msgs, payload = [], [], [], [], []
         for _ in range(args.repeats):
             comm.Barrier()
             t0 = time.perf_counter()
@@ -153,12 +155,34 @@ def bench_one(make, algorithm, idx, vals, args, comm):
             sent.append(tr.bytes_sent)
             recv.append(tr.bytes_received)
             msgs.append(tr.messages_sent)
+            payload.append(getattr(tr, "payload_bytes_sent", tr.bytes_sent))
         comm.Barrier()
+        nnz = None if algorithm == "dense" else int(np.asarray(res.indices).size)
+        err = check(res, algorithm, idx, vals, args.n, comm) if args.check else None
     finally:
         ex.close()
-    mine = (float(np.mean(sent)), float(np.mean(recv)), float(np.mean(msgs)))
+    mine = (float(np.mean(sent)), float(np.mean(recv)), float(np.mean(msgs)),
+            float(np.mean(payload)))
     per_rank = comm.gather(mine, root=0)
-    return times, per_rank
+    return times, per_rank, nnz, err
+
+
+def check(res, algorithm, idx, vals, n, comm):
+    """Max abs error of the last result against a dense MPI reference sum.
+
+    dense/allgather/dsa must match everywhere; oktopk/gtopk (which keep only the
+    selected entries) must match on the indices they return.
+    """
+    ref = np.zeros(n, dtype=np.float64)
+    ref[idx] = vals
+    comm.Allreduce(MPI.IN_PLACE, ref, op=MPI.SUM)
+    if algorithm in ("oktopk", "gtopk"):
+        ri = np.asarray(res.indices)
+        e = float(np.max(np.abs(np.asarray(res.values, np.float64) - ref[ri]), initial=0.0))
+    else:
+        got = res.dense() if hasattr(res, "dense") and callable(res.dense) else res.dense
+        e = float(np.max(np.abs(np.asarray(got, np.float64) - ref), initial=0.0))
+    return comm.allreduce(e, op=MPI.MAX)
 
 
 def main(argv=None):
@@ -189,7 +213,7 @@ def main(argv=None):
         else:
             make = (lambda: _DenseMPI(args.n, comm))
             engine = "mpi4py.Allreduce (engine not importable)"
-        times, per_rank = bench_one(make, algorithm, idx, vals, args, comm)
+        times, per_rank, nnz, err = bench_one(make, algorithm, idx, vals, args, comm)
         if rank != 0:
             continue
         sent = [r[0] for r in per_rank]
@@ -206,6 +230,8 @@ def main(argv=None):
             "bytes_sent_per_rank_max": max(sent), "bytes_sent_per_rank_mean": float(np.mean(sent)),
             "bytes_received_per_rank_max": max(recv),
             "messages_sent_per_rank_max": max(msgs),
+            "payload_bytes_sent_per_rank_max": max(r[3] for r in per_rank),
+            "result_nnz": nnz, "check_max_abs_err": err,
             "theory_bytes_low": lo, "theory_bytes_high": hi,
             "traffic_source": "engine" if SparseAllreduce is not None else "model",
             "engine": engine, "input_gen_s": t_in,
@@ -219,7 +245,9 @@ def main(argv=None):
             with open(args.out, "a") as f:
                 f.write(json.dumps(rec) + "\n")
         print(f"[bench] {algorithm:9s} P={P} rate={rate} median {rec['median_s']:.4f} s "
-              f"sent {rec['bytes_sent_per_rank_max'] / 1e6:.2f} MB/rank", flush=True)
+              f"sent {rec['bytes_sent_per_rank_max'] / 1e6:.2f} MB/rank"
+              + (f" nnz {nnz}" if nnz is not None else "")
+              + (f" check err {err:.3g}" if err is not None else ""), flush=True)
     if rank == 0 and records and not args.no_table:
         print_table(records)
     return 0

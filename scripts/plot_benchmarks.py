@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ALGO_ORDER = ["dense", "allgather", "oktopk", "gtopk", "dsa"]
-ALGO_LABEL = {"dense": "dense (ring allreduce)", "allgather": "TopkA (allgather)",
+ALGO_LABEL = {"dense": "dense (MPI Allreduce)", "allgather": "TopkA (allgather)",
               "oktopk": "Ok-Topk", "gtopk": "gTop-k", "dsa": "TopkDSA"}
 THEORY_TEXT = {"dense": "2n(P-1)/P", "allgather": "2k(P-1)", "oktopk": "2k(P-1)/P .. 6k(P-1)/P",
                "gtopk": "4k log2 P", "dsa": "4k(P-1)/P .. (2k+n)(P-1)/P"}
@@ -100,8 +100,30 @@ def launch_command(r):
     return f"python scripts/netem.py --rate {rate} -np {r['P']} -- python {r['command']}"
 
 
+def summary(recs):
+    """Per rate and P: dense, TopkA and Ok-Topk side by side, with speed-ups and bytes."""
+    out = ["### Summary: Ok-Topk against dense and TopkA\n",
+           "Generated from the tables below (same runs). Speed-up = median time of the other "
+           "algorithm / median time of Ok-Topk; MB = bytes sent per rank per call (max over ranks).\n",
+           "| link | P | dense s | TopkA s | Ok-Topk s | Ok-Topk vs dense | Ok-Topk vs TopkA "
+           "| Ok-Topk MB | 6k(P-1)/P bound MB | TopkA MB | dense MB |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(r["rate"], r["P"], r["algorithm"]): r for r in recs}
+    for rate in sorted({r["rate"] for r in recs}, key=rate_key):
+        for P in sorted({r["P"] for r in recs if r["rate"] == rate}):
+            d, a, o = (by.get((rate, P, x)) for x in ("dense", "allgather", "oktopk"))
+            if o is None:
+                continue
+            t = lambda r: f"{r['median_s']:.3f}" if r else "-"
+            mb = lambda r: _mb(r["bytes_sent_per_rank_max"]) if r else "-"
+            sp = lambda r: f"{r['median_s'] / o['median_s']:.1f}x" if r else "-"
+            out.append(f"| {rate} | {P} | {t(d)} | {t(a)} | {t(o)} | {sp(d)} | {sp(a)} | {mb(o)} "
+                       f"| {_mb(o['theory_bytes_high'])} | {mb(a)} | {mb(d)} |")
+    return "\n".join(out) + "\n"
+
+
 def markdown(recs):
-    out = []
+    out = [summary(recs)]
     for rate in sorted({r["rate"] for r in recs}, key=rate_key):
         sub = sorted((r for r in recs if r["rate"] == rate), key=lambda r: (r["P"], algo_key(r["algorithm"])))
         r0 = sub[0]

@@ -15,8 +15,8 @@ cd "$(dirname "$0")/.."
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 N=${N:-25000000}
 DENSITY=${DENSITY:-0.01}
-REPEATS=${REPEATS:-5}
-WARMUP=${WARMUP:-1}
+REPEATS=${REPEATS:-10}
+WARMUP=${WARMUP:-2}
 PS=${PS:-"2 3 4"}
 RATES=${RATES:-"1gbit 10gbit none"}
 ALGORITHMS=${ALGORITHMS:-dense,allgather,oktopk,gtopk,dsa}

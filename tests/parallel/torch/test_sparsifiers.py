@@ -212,3 +212,23 @@ def test_allgather_family_bytes_stay_within_the_topka_bound(spec):
     ring = 2 * (hvd.size() - 1) / hvd.size()
     bound = 2 * k * (hvd.size() - 1) * 8 + ring * (small + 2) * 4 + 16 * hvd.size()
     assert sent <= bound, f"{spec}: {sent:.0f} B/step, bound {bound:.0f}"
+
+
+def test_backward_passes_per_step_compresses_the_accumulated_gradient(assert_identical_across_ranks):
+    """With backward_passes_per_step=2 Horovod accumulates locally and compresses once per step."""
+    torch.manual_seed(100 + hvd.rank())
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    compression = hvds.Compression.oktopk(density=0.05, dense_below=100)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(), compression=compression,
+                                   backward_passes_per_step=2)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for step in range(10):
+        opt.zero_grad()
+        for micro in range(2):
+            x, y = batch(2 * step + micro, hvd.rank())
+            F.cross_entropy(model(x), y).backward()
+        opt.step()
+    (_, sparsifier), = compression.sparsifiers.values()
+    assert sparsifier.step_count == 10
+    assert_identical_across_ranks(flat_parameters(model))
