@@ -78,7 +78,7 @@ class SparseCompressorBase:
                     f"[{layout.describe()}]. Their residuals cannot carry over; use a new compressor "
                     "(one per optimizer) if the model's trainable parameters change")
             return sparsifier
-        sparsifier = self.algorithm.make_sparsifier(layout.n, self.comm)
+        sparsifier = self.algorithm.make_sparsifier(layout.n, self.comm, layout=layout)
         if key in self._pending_state:
             sparsifier.load_state_dict(self._pending_state.pop(key))
         self.sparsifiers[key] = (layout, sparsifier)

@@ -24,6 +24,7 @@ PYTHON = sys.executable
 PARALLEL_GROUPS = {
     "exchange": [1, 2, 3, 4, 5],
     "sparsify": [2, 3, 4],
+    "quantize": [2, 3, 4],
     "torch": [2, 3, 4],
     "tensorflow": [2, 3, 4],
 }

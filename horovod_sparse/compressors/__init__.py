@@ -8,6 +8,7 @@ compressor in :mod:`horovod_sparse.registry`.
 from horovod_sparse.compressors.base import Compressor
 from horovod_sparse.compressors.cast import FP16Compressor, NoneCompressor
 from horovod_sparse.compressors.randomk import RandomKCompressor
+from horovod_sparse.compressors import fft, powersgd, quantizers  # noqa: F401  (registers them)
 from horovod_sparse.compressors.sparsifiers import (DGCCompressor, GaussianKCompressor, GTopKCompressor,
                                                     OkTopKCompressor, ThresholdCompressor, TopKCompressor)
 

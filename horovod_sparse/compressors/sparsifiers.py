@@ -36,9 +36,15 @@ class SparsifyingCompressor(Compressor):
     fused = True
     stateful = True
 
-    def make_sparsifier(self, n, comm):
-        """A :class:`~horovod_sparse.sparsify.Sparsifier` for a buffer of ``n`` elements on ``comm``
-        (collective: every rank of ``comm`` must call it, in the same order)."""
+    def make_sparsifier(self, n, comm, layout=None):
+        """The pipeline for a buffer of ``n`` elements on ``comm`` (collective: every rank of
+        ``comm`` must call it, in the same order).
+
+        ``layout`` is the buffer's :class:`~horovod_sparse.layout.GradientLayout` (where each
+        gradient lies, with its shape); compressors that work per matrix (PowerSGD) need
+        it, the others ignore it. What is returned has the interface of
+        :class:`~horovod_sparse.sparsify.Sparsifier`: ``step(grad, tag) -> sum over ranks``,
+        ``last.traffic``, ``traffic``, ``state_dict``/``load_state_dict`` and ``close``."""
         raise NotImplementedError
 
     def k_for(self, n):
@@ -76,7 +82,7 @@ class TopKCompressor(SparsifyingCompressor):
         self.params = dict(density=self.density, error_feedback=self.error_feedback,
                            exchange=self.exchange)
 
-    def make_sparsifier(self, n, comm):
+    def make_sparsifier(self, n, comm, layout=None):
         return Sparsifier(n, comm, rules.TopKRule(), self.k_for(n), exchange=self.exchange,
                           error_feedback=self.error_feedback)
 
@@ -108,7 +114,7 @@ class OkTopKCompressor(SparsifyingCompressor):
         self.params = dict(density=self.density, tau=self.tau, tau_prime=self.tau_prime,
                            warmup_steps=self.warmup_steps, error_feedback=self.error_feedback)
 
-    def make_sparsifier(self, n, comm):
+    def make_sparsifier(self, n, comm, layout=None):
         return Sparsifier(n, comm, rules.OkTopkLocalRule(self.tau_prime), self.k_for(n),
                           exchange="oktopk", error_feedback=self.error_feedback,
                           warmup_steps=self.warmup_steps,
@@ -136,7 +142,7 @@ class GaussianKCompressor(SparsifyingCompressor):
         self.params = dict(density=self.density, error_feedback=self.error_feedback,
                            exchange=self.exchange)
 
-    def make_sparsifier(self, n, comm):
+    def make_sparsifier(self, n, comm, layout=None):
         return Sparsifier(n, comm, rules.GaussianRule(self.density), self.k_for(n),
                           exchange=self.exchange, error_feedback=self.error_feedback)
 
@@ -166,7 +172,7 @@ class ThresholdCompressor(SparsifyingCompressor):
     def k_for(self, n):
         return 0  # no target count: the threshold decides
 
-    def make_sparsifier(self, n, comm):
+    def make_sparsifier(self, n, comm, layout=None):
         return Sparsifier(n, comm, rules.ThresholdRule(self.value), 0, exchange=self.exchange,
                           error_feedback=self.error_feedback)
 
@@ -199,7 +205,7 @@ class DGCCompressor(SparsifyingCompressor):
         self.params = dict(density=self.density, momentum=self.momentum,
                            sample_fraction=self.sample_fraction, exchange=self.exchange)
 
-    def make_sparsifier(self, n, comm):
+    def make_sparsifier(self, n, comm, layout=None):
         return Sparsifier(n, comm, rules.SampledRule(self.density, self.sample_fraction),
                           self.k_for(n), exchange=self.exchange, momentum=self.momentum)
 
@@ -221,6 +227,6 @@ class GTopKCompressor(SparsifyingCompressor):
         self.error_feedback = check_bool("error_feedback", error_feedback)
         self.params = dict(density=self.density, error_feedback=self.error_feedback)
 
-    def make_sparsifier(self, n, comm):
+    def make_sparsifier(self, n, comm, layout=None):
         return Sparsifier(n, comm, rules.TopKRule(), self.k_for(n), exchange="gtopk",
                           error_feedback=self.error_feedback)
