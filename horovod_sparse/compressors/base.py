@@ -44,6 +44,42 @@ class Compressor:
         return self.name + ":" + ",".join(f"{k}={v}" for k, v in self.params.items())
 
 
+class FusedCompressor(Compressor):
+    """A compressor whose exchange Horovod's dense allreduce cannot carry (sparsifiers,
+    quantizers with bit-packed codes, PowerSGD, FFT).
+
+    The frontends flatten a step's gradients into one float32 buffer of length n and
+    call :meth:`make_sparsifier` once per buffer, then ``pipeline.step(grad, tag=...)``
+    every step on every rank; the pipeline runs its own exchange over mpi4py and
+    returns the SUM over ranks of what the ranks contributed. Horovod's allreduce only
+    carries a one-element probe (see :mod:`horovod_sparse.sparse_adapter`).
+    ``compress``/``decompress`` are not used.
+    """
+
+    fused = True
+    stateful = True
+
+    def make_sparsifier(self, n, comm, layout=None):
+        """The pipeline for a buffer of ``n`` elements on ``comm`` (collective: every rank of
+        ``comm`` must call it, in the same order).
+
+        ``layout`` is the buffer's :class:`~horovod_sparse.layout.GradientLayout` (where each
+        gradient lies, with its shape); compressors that work per matrix (PowerSGD) need
+        it, the others ignore it. What is returned has the interface of
+        :class:`~horovod_sparse.sparsify.Sparsifier`: ``step(grad, tag) -> sum over ranks``,
+        ``last`` (with ``last.traffic``), ``traffic``, ``state_dict``/``load_state_dict``
+        and ``close``."""
+        raise NotImplementedError
+
+    def compress(self, ops, tensor, slot):
+        raise NotImplementedError(f"fused compressor: {self.name} exchanges whole buffers through "
+                                  "make_sparsifier(n, comm).step(grad), not per-tensor compress()")
+
+    def decompress(self, ops, payload, ctx):
+        raise NotImplementedError(f"fused compressor: {self.name} exchanges whole buffers through "
+                                  "make_sparsifier(n, comm).step(grad), not per-tensor decompress()")
+
+
 def check_fraction(name, value):
     """A float in (0, 1]; ValueError naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \

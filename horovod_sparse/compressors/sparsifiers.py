@@ -15,7 +15,7 @@ References: Ok-Topk, Li & Hoefler, PPoPP'22; Gaussiank, Shi et al. 2019
 et al., ICLR'18; TopkA / TopkDSA (SparCML, Renggli et al., SC'19).
 """
 
-from horovod_sparse.compressors.base import (Compressor, check_bool, check_choice, check_fraction,
+from horovod_sparse.compressors.base import (FusedCompressor, check_bool, check_choice, check_fraction,
                                              check_nonnegative_int, check_positive_int,
                                              check_positive_number, check_unit_interval)
 from horovod_sparse.registry import register
@@ -30,34 +30,12 @@ TOPK_EXCHANGES = ("allgather", "oktopk", "gtopk", "dsa")
 THRESHOLD_EXCHANGES = ("allgather", "dsa")
 
 
-class SparsifyingCompressor(Compressor):
-    """Base of the fused sparsifying compressors: ``make_sparsifier`` instead of compress/decompress."""
-
-    fused = True
-    stateful = True
-
-    def make_sparsifier(self, n, comm, layout=None):
-        """The pipeline for a buffer of ``n`` elements on ``comm`` (collective: every rank of
-        ``comm`` must call it, in the same order).
-
-        ``layout`` is the buffer's :class:`~horovod_sparse.layout.GradientLayout` (where each
-        gradient lies, with its shape); compressors that work per matrix (PowerSGD) need
-        it, the others ignore it. What is returned has the interface of
-        :class:`~horovod_sparse.sparsify.Sparsifier`: ``step(grad, tag) -> sum over ranks``,
-        ``last.traffic``, ``traffic``, ``state_dict``/``load_state_dict`` and ``close``."""
-        raise NotImplementedError
+class SparsifyingCompressor(FusedCompressor):
+    """Base of the sparsifying compressors: a fused compressor with a target count k."""
 
     def k_for(self, n):
         """Target number of entries for a buffer of ``n`` elements."""
         return k_for(self.density, n)
-
-    def compress(self, ops, tensor, slot):
-        raise NotImplementedError(f"fused compressor: {self.name} exchanges whole buffers through "
-                                  "make_sparsifier(n, comm).step(grad), not per-tensor compress()")
-
-    def decompress(self, ops, payload, ctx):
-        raise NotImplementedError(f"fused compressor: {self.name} exchanges whole buffers through "
-                                  "make_sparsifier(n, comm).step(grad), not per-tensor decompress()")
 
 
 @register
