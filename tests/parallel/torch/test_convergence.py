@@ -36,13 +36,17 @@ def train(run):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("run", SPARSIFIERS)
-def test_within_two_points_of_dense(run, dense_accuracy):
+def test_within_two_points_of_dense(run, dense_accuracy, record_property):
     accuracy = train(run)
+    record_property("accuracy", f"{accuracy:.4f}")  # in the JUnit file, for the docs
+    record_property("dense_accuracy", f"{dense_accuracy:.4f}")
     assert accuracy >= dense_accuracy - 0.02, f"{run}: {accuracy:.4f} vs dense {dense_accuracy:.4f}"
 
 
 @pytest.mark.timeout(300)
-def test_topk_without_error_feedback_is_worse(dense_accuracy):
+def test_topk_without_error_feedback_is_worse(dense_accuracy, record_property):
     with_feedback = train("topk:density=0.01")
     without = train("topk:density=0.01,error_feedback=false")
+    record_property("accuracy_with_feedback", f"{with_feedback:.4f}")
+    record_property("accuracy_without_feedback", f"{without:.4f}")
     assert without < with_feedback - 0.05, f"without {without:.4f}, with {with_feedback:.4f}"
