@@ -28,7 +28,14 @@ from horovod_sparse.sparse_adapter import ring_bytes
 
 DEFAULT_RUNS = ["dense", "none", "fp16", "randomk:density=0.1", "randomk:density=0.01",
                 "topk:density=0.01", "topk:density=0.01,error_feedback=false", "oktopk:density=0.01",
-                "gtopk:density=0.01", "gaussiank:density=0.01", "threshold:value=0.002", "dgc:density=0.01"]
+                "gtopk:density=0.01", "gaussiank:density=0.01", "threshold:value=0.002", "dgc:density=0.01",
+                "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "fft"]
+#: plain SGD (no optimizer momentum) for the compressors that apply momentum themselves (DGC's
+#: momentum correction, Signum) and for signSGD, which is by definition SGD on the gradient's sign
+OWN_MOMENTUM = ("dgc", "signum", "signsgd")
+#: the sign methods move every coordinate by the learning rate at each step: they need a far smaller
+#: one (their papers use 1e-3 .. 1e-4 with Adam-like scales)
+LEARNING_RATE = {"signsgd": 0.002, "signum": 0.002}
 
 
 def load_data():
@@ -51,8 +58,9 @@ def train_one(run, data, epochs, batch_size, lr, momentum):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
     compression = compression_for(run)
-    # DGC applies momentum itself (momentum correction), so its optimizer must not.
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0 if run.startswith("dgc") else momentum)
+    name = run.split(":")[0]
+    opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE.get(name, lr),
+                          momentum=0.0 if name in OWN_MOMENTUM else momentum)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
@@ -109,7 +117,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=16, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (DGC runs use 0)")
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (DGC, signSGD and Signum runs use 0)")
     args = parser.parse_args()
 
     hvd.init()

@@ -1,1 +1,223 @@
-"""Placeholder: filled in by the issue-5 work (quantizers)."""
+"""Quantizing compressors: bf16, QSGD, TernGrad, signSGD, Signum, EF-signSGD, 1-bit SGD.
+
+Their codes are bit-packed with per-bucket or per-vector headers, which Horovod's dense
+allreduce cannot sum: they are *fused* compressors. The frontends flatten a step's
+gradients into one float32 buffer of length n and call
+``compressor.make_sparsifier(n, comm)`` once per buffer, then ``pipeline.step(grad,
+tag=...)`` every step on every rank; the pipeline
+(:class:`horovod_sparse.quantize.pipeline.QuantizedPipeline`) returns the SUM over
+ranks of what the ranks sent, as decoded.
+
+Exchange (``method``), for all of them:
+
+* ``"alltoall"`` (default): DeepSpeed 1-bit Adam's compressed allreduce - each rank
+  owns 1/P of the buffer, receives everyone's code of it, sums, re-encodes the sum and
+  allgathers it. About 2 (P-1)/P * code size sent per rank, whatever P; the sum is
+  quantized twice (for the error-feedback codecs the owners keep a server residual).
+* ``"allgather"``: GRACE's allgather - every rank's code goes to every rank, which
+  decodes and sums. (P-1) * code size per rank, but quantized once.
+
+Code sizes per value (headers aside): bf16 16 bits, qsgd 1 + ceil(log2(levels + 1))
+bits (6 for 16 levels) plus 4 bytes per bucket, terngrad 2 bits, the sign codes 1 bit.
+"""
+from horovod_sparse.compressors.base import (FusedCompressor, check_bool, check_choice, check_positive_int,
+                                             check_unit_interval)
+from horovod_sparse.quantize.codecs import (BF16Codec, OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec,
+                                            TernGradCodec)
+from horovod_sparse.quantize.pipeline import QuantizedPipeline
+from horovod_sparse.registry import register
+
+#: how a quantizer's codes are exchanged (see the module docstring)
+METHODS = ("alltoall", "allgather")
+
+
+class QuantizingCompressor(FusedCompressor):
+    """Base of the quantizers: a codec, an exchange method, error feedback or momentum."""
+
+    error_feedback = False
+    momentum = None
+
+    def codec(self):
+        """The :class:`~horovod_sparse.quantize.ValueCodec` on the wire."""
+        raise NotImplementedError
+
+    def make_sparsifier(self, n, comm, layout=None):
+        return QuantizedPipeline(n, comm, self.codec(), method=self.method,
+                                 error_feedback=self.error_feedback, momentum=self.momentum)
+
+
+@register
+class BF16Compressor(QuantizingCompressor):
+    """bfloat16 on the wire: 16 bits per value, round to nearest even, relative error <= 2**-8.
+
+    Not a paper's method: the common half-precision baseline (8 exponent bits, so no
+    overflow where fp16 would). Deterministic.
+
+    Args:
+        method: "alltoall" (default; the owner's sum is rounded to bfloat16 a second
+            time) or "allgather" (rounded once; sends (P-1) times the buffer's code).
+        error_feedback: keep the rounding error in a residual (default False).
+    """
+
+    name = "bf16"
+
+    def __init__(self, method="alltoall", error_feedback=False):
+        super().__init__()
+        self.method = check_choice("method", method, METHODS)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.params = dict(method=self.method, error_feedback=self.error_feedback)
+
+    def codec(self):
+        return BF16Codec()
+
+
+@register
+class QSGDCompressor(QuantizingCompressor):
+    """QSGD (Alistarh et al., "QSGD: Communication-Efficient SGD via Gradient Quantization
+    and Encoding", NeurIPS'17): per bucket the L2 norm, per value a sign and an unbiased
+    stochastic level in {0, .., levels}.
+
+    Args:
+        levels: number of quantization levels s, integer in [1, 32767] (default 16:
+            6 bits per value).
+        bucket_size: values per bucket sharing one float32 norm, integer in
+            [1, 2**31 - 1] (default 512).
+        method: "alltoall" (default) or "allgather".
+        error_feedback: keep the quantization error in a residual (default False; QSGD
+            is unbiased without it).
+    """
+
+    name = "qsgd"
+
+    def __init__(self, levels=16, bucket_size=512, method="alltoall", error_feedback=False):
+        super().__init__()
+        self.levels = check_positive_int("levels", levels, upper=2 ** 15 - 1)
+        self.bucket_size = check_positive_int("bucket_size", bucket_size)
+        self.method = check_choice("method", method, METHODS)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.params = dict(levels=self.levels, bucket_size=self.bucket_size, method=self.method,
+                           error_feedback=self.error_feedback)
+
+    def codec(self):
+        return QSGDCodec(self.levels, self.bucket_size)
+
+
+@register
+class TernGradCompressor(QuantizingCompressor):
+    """TernGrad (Wen et al., "TernGrad: Ternary Gradients to Reduce Communication in
+    Distributed Deep Learning", NeurIPS'17): scale max|x| per encoded vector, each value
+    an unbiased stochastic choice in {-1, 0, +1} times the scale (2 bits per value).
+    TernGrad's gradient clipping is not applied.
+
+    Args:
+        method: "alltoall" (default; the scale is per chunk of 1/P of the buffer) or
+            "allgather" (one scale per buffer).
+        error_feedback: keep the quantization error in a residual (default False).
+    """
+
+    name = "terngrad"
+
+    def __init__(self, method="alltoall", error_feedback=False):
+        super().__init__()
+        self.method = check_choice("method", method, METHODS)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.params = dict(method=self.method, error_feedback=self.error_feedback)
+
+    def codec(self):
+        return TernGradCodec()
+
+
+@register
+class SignSGDCompressor(QuantizingCompressor):
+    """signSGD with majority vote (Bernstein et al., "signSGD: Compressed Optimisation for
+    Non-Convex Problems", ICML'18, and "signSGD with Majority Vote...", ICLR'19): each rank
+    sends sign(grad) (1 bit per value, sign(0) = +1); the result is P * sign(sum of the
+    signs), i.e. the Average is the majority vote +-1. No error feedback. Use with a small
+    learning rate (the update magnitude is 1 per element).
+
+    Args:
+        method: "alltoall" (default) or "allgather"; both give the same vote.
+    """
+
+    name = "signsgd"
+
+    def __init__(self, method="alltoall"):
+        super().__init__()
+        self.method = check_choice("method", method, METHODS)
+        self.params = dict(method=self.method)
+
+    def codec(self):
+        return SignCodec()
+
+
+@register
+class SignumCompressor(QuantizingCompressor):
+    """Signum (Bernstein et al., ICML'18): signSGD with majority vote on the momentum.
+    Each rank keeps u = momentum * u + grad and sends sign(u); the result is
+    P * sign(sum of the signs). The momentum is applied here, so use plain SGD without
+    momentum as the optimizer.
+
+    Args:
+        momentum: momentum factor in [0, 1) (default 0.9; 0 is signSGD).
+        method: "alltoall" (default) or "allgather".
+    """
+
+    name = "signum"
+
+    def __init__(self, momentum=0.9, method="alltoall"):
+        super().__init__()
+        self.momentum = check_unit_interval("momentum", momentum)
+        self.method = check_choice("method", method, METHODS)
+        self.params = dict(momentum=self.momentum, method=self.method)
+
+    def codec(self):
+        return SignCodec()
+
+
+@register
+class EFSignSGDCompressor(QuantizingCompressor):
+    """EF-signSGD (Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
+    Compression Schemes", ICML'19): each rank sends mean|x| * sign(x) of x = grad +
+    residual (1 bit per value and one float32 scale per encoded vector) and keeps the
+    difference in the residual; contributions are summed (no vote).
+
+    Args:
+        method: "alltoall" (default; owners keep a server residual too) or "allgather".
+        error_feedback: keep the residual (default True; the method needs it).
+    """
+
+    name = "efsignsgd"
+
+    def __init__(self, method="alltoall", error_feedback=True):
+        super().__init__()
+        self.method = check_choice("method", method, METHODS)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.params = dict(method=self.method, error_feedback=self.error_feedback)
+
+    def codec(self):
+        return ScaledSignCodec()
+
+
+@register
+class OneBitCompressor(QuantizingCompressor):
+    """1-bit SGD (Seide et al., "1-Bit Stochastic Gradient Descent and its Application to
+    Data-Parallel Distributed Training of Speech DNNs", Interspeech'14): 1 bit per value
+    choosing one of two float32 reconstruction values (the means of the non-negative and
+    of the negative entries), with error feedback.
+
+    Args:
+        method: "alltoall" (default; owners keep a server residual too) or "allgather".
+        error_feedback: keep the quantization error in a residual (default True; the
+            method needs it).
+    """
+
+    name = "onebit"
+
+    def __init__(self, method="alltoall", error_feedback=True):
+        super().__init__()
+        self.method = check_choice("method", method, METHODS)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.params = dict(method=self.method, error_feedback=self.error_feedback)
+
+    def codec(self):
+        return OneBitCodec()

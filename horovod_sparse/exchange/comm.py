@@ -117,6 +117,30 @@ class CountingComm:
         self._count(block * peers, block * peers, peers, peers, control)
         self._comm.Alltoall(_mpi_buffer(sendbuf), _mpi_buffer(recvbuf))
 
+    def alltoallv(self, sendbuf, send_counts, recv_counts, control=False):
+        """Blocks of different sizes to every rank (direct exchange model); returns ``recvbuf``.
+
+        ``sendbuf`` holds P blocks in rank order, block r of ``send_counts[r]`` elements
+        for rank r; the result holds P blocks in rank order, block r of
+        ``recv_counts[r]`` elements from rank r (any dtype, the same on every rank).
+        Counts are in elements and must match pairwise across ranks (what rank a sends
+        to b is what b expects from a). Counted: the P-1 blocks to and from the peers
+        (this rank's own block moves locally and is not counted), P-1 messages each way.
+        Each count must be < 2**31 (MPI's int counts).
+        """
+        send_counts = [int(c) for c in send_counts]
+        recv_counts = [int(c) for c in recv_counts]
+        sendbuf = np.ascontiguousarray(sendbuf)
+        recvbuf = np.empty(sum(recv_counts), dtype=sendbuf.dtype)
+        me, peers, item = self.rank, self.size - 1, sendbuf.itemsize
+        self._count((sum(send_counts) - send_counts[me]) * item,
+                    (sum(recv_counts) - recv_counts[me]) * item, peers, peers, control)
+        send_displs = np.concatenate(([0], np.cumsum(send_counts[:-1], dtype=np.int64))).tolist()
+        recv_displs = np.concatenate(([0], np.cumsum(recv_counts[:-1], dtype=np.int64))).tolist()
+        self._comm.Alltoallv([sendbuf, (send_counts, send_displs)],
+                             [recvbuf, (recv_counts, recv_displs)])
+        return recvbuf
+
     def allreduce(self, sendbuf, recvbuf, op=MPI.SUM, control=False):
         """Element-wise reduction of ``sendbuf`` over ranks into ``recvbuf`` (ring model)."""
         P = self.size

@@ -19,6 +19,8 @@ _IMPLEMENTATIONS = {
     "dsa": (dsa.DSA, dsa.DEFAULTS),
 }
 _NEEDS_K = ("oktopk", "gtopk")
+#: algorithms that can carry values as codes of a ValueCodec
+CODEC_ALGORITHMS = ("allgather", "oktopk")
 _STATE_FORMAT = 1
 
 
@@ -43,6 +45,17 @@ class SparseAllreduce:
         Duplicated at construction (collective); only the duplicate is used.
     average : bool
         If True the result is the sum divided by P.
+    value_codec : None or a :class:`horovod_sparse.quantize.ValueCodec` with
+        ``aggregate == "sum"``; "allgather" and "oktopk" only.  Values are then
+        carried as float32 codes: encoded before every send and decoded right after
+        receipt, before any reduction; the sender uses the decoded version of its
+        own values too, so every rank sums the same floats and results stay bitwise
+        identical.  Ok-Topk: phase 1 sends one code per destination region, the
+        owner sums the decoded values, phase 2 carries the selected sums encoded
+        once more (so the result holds a second rounding of the sums).  The byte
+        counters count the codes.  ``result.sent_values`` is this rank's values
+        as the receivers decoded them.  Part of the agreed parameters: ranks with
+        different codecs (by ``repr``) get an ExchangeError.
     **algorithm_params
         oktopk: tau (calls between repartitions, 64), tau_prime (calls between
         exact thresholds, 32), bucket_peers (4), selection_slack (0.2),
@@ -51,7 +64,7 @@ class SparseAllreduce:
     Bad parameters raise ValueError naming the parameter and its accepted range.
     """
 
-    def __init__(self, n, algorithm="oktopk", k=None, comm=None, average=False,
+    def __init__(self, n, algorithm="oktopk", k=None, comm=None, average=False, value_codec=None,
                  **algorithm_params):
         if not _is_int(n) or n < 0:
             raise ValueError(f"n must be an integer >= 0, got {n!r}")
@@ -63,6 +76,14 @@ class SparseAllreduce:
             raise ValueError(f"k must be None or an integer >= 1, got {k!r}")
         if not isinstance(average, (bool, np.bool_)):
             raise ValueError(f"average must be True or False, got {average!r}")
+        if value_codec is not None:
+            if algorithm not in CODEC_ALGORITHMS:
+                raise ValueError(f"value_codec is supported for algorithms {CODEC_ALGORITHMS} only, "
+                                 f"got algorithm {algorithm!r}")
+            if not all(callable(getattr(value_codec, f, None)) for f in ("encode", "decode", "nbytes")) \
+                    or getattr(value_codec, "aggregate", "sum") != "sum":
+                raise ValueError("value_codec must be None or a ValueCodec (encode/decode/nbytes) "
+                                 f"with aggregate 'sum', got {value_codec!r}")
         implementation, defaults = _IMPLEMENTATIONS[algorithm]
         unknown = sorted(set(algorithm_params) - set(defaults))
         if unknown:
@@ -80,10 +101,16 @@ class SparseAllreduce:
         self.params = params
         self.index_dtype = wire_index_dtype(self.n)
         # Everything that must match across ranks beyond n/algorithm/k, as one int.
-        self._params_code = zlib.crc32(repr((self.average, sorted(params.items()))).encode())
+        self.value_codec = value_codec
+        identity = (self.average, sorted(params.items()))
+        if value_codec is not None:  # unchanged code without a codec (same headers as before)
+            identity += (getattr(value_codec, "name", ""), repr(value_codec))
+        self._params_code = zlib.crc32(repr(identity).encode())
         self._comm = CountingComm(comm)
         self.size, self.rank = self._comm.size, self._comm.rank
         self._impl = implementation(self._comm, self.n, self.k, self.index_dtype, **params)
+        if value_codec is not None:
+            self._impl.codec = value_codec
         self._calls = 0
 
     # ------------------------------------------------------------------ main
@@ -118,15 +145,32 @@ class SparseAllreduce:
 
         if self.algorithm == "allgather":
             self._impl.counts = agreed["count"]
-        out_indices, out_values, selected = self._impl.run(local.indices, local.values)
+        values = local.values
+        if self.value_codec is not None:
+            values = values.astype(np.float32, copy=False)  # codes carry float32
+            self._impl.seed = header["call"]
+        out_indices, out_values, selected = self._impl.run(local.indices, values)
+        sent_values = values if self.value_codec is None else self._impl.decoded_own
         if self.average:
             out_values = out_values / out_values.dtype.type(self.size)
         traffic = self._comm.traffic - before
         if self.algorithm == "dense":
-            return ExchangeResult(self.n, None, None, None, traffic, dense_values=out_values)
-        return ExchangeResult(self.n, out_indices, out_values, selected, traffic)
+            return ExchangeResult(self.n, None, None, None, traffic, dense_values=out_values,
+                                  sent_indices=local.indices, sent_values=sent_values)
+        return ExchangeResult(self.n, out_indices, out_values, selected, traffic,
+                              sent_indices=local.indices, sent_values=sent_values)
 
     # ----------------------------------------------------------------- state
+    def set_k(self, k):
+        """Change the target k of "oktopk"/"gtopk" for the following calls (a caller whose
+        k follows a schedule, e.g. the FFT compressor's theta).  Every rank must set the
+        same k: k travels in the agreement header, so a mismatch raises ExchangeError."""
+        if self.algorithm not in _NEEDS_K:
+            raise ValueError(f"set_k applies to algorithms {_NEEDS_K}, not {self.algorithm!r}")
+        if not _is_int(k) or k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        self.k = self._impl.k = int(k)
+
     @property
     def traffic(self):
         """Cumulative :class:`Traffic` of this engine on this rank."""

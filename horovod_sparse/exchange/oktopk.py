@@ -115,6 +115,12 @@ class OkTopk:
         self.selection_slack = float(selection_slack)
         self.threshold_nudge = float(threshold_nudge)
         self.state = OkTopkState()
+        self.decoded_own = None  # this rank's values as decoded by their owners (codec only)
+
+    #: set by the engine: a ValueCodec for the values on the wire (phase 1 per destination,
+    #: phase 2 re-encoded sums), and the call's base seed for stochastic codecs
+    codec = None
+    seed = 0
 
     def bounds(self, support):
         """(lower, upper) on the selected count for union support size ``support``."""
@@ -127,15 +133,36 @@ class OkTopk:
         state, comm = self.state, self.comm
         if state.region_bounds is None or state.step % self.tau == 0:
             state.region_bounds = repartition(comm, indices, self.n)
+        encoded = None
+        if self.codec is not None:
+            values, encoded = self._encode_by_region(indices, values, state.region_bounds)
+            self.decoded_own = values
         region_indices, region_values = split_and_reduce(
-            comm, indices, values, state.region_bounds, self.index_dtype, self.bucket_peers)
+            comm, indices, values, state.region_bounds, self.index_dtype, self.bucket_peers,
+            codec=self.codec, encoded=encoded)
 
         keys = magnitude_keys(region_values)
         mask, counts = self._select(keys, region_values.dtype)
         state.step += 1
         selected, summed = balanced_allgatherv(comm, region_indices[mask], region_values[mask],
-                                               counts, self.index_dtype)
+                                               counts, self.index_dtype, codec=self.codec,
+                                               seed=self.seed)
         return selected, summed, selected
+
+    def _encode_by_region(self, indices, values, bounds):
+        """Encode this rank's values region by region (one code per destination, own
+        region included); returns (the values as decoded, float32, the P codes)."""
+        from horovod_sparse.quantize.codec import derive_seed  # late: quantize may import exchange
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        splits = np.searchsorted(indices, bounds)
+        decoded = np.empty_like(values)
+        encoded = []
+        for j in range(self.comm.size):
+            part = slice(splits[j], splits[j + 1])
+            codes = self.codec.encode(values[part], derive_seed(self.seed, self.comm.rank, j, 1))
+            decoded[part] = self.codec.decode(codes, part.stop - part.start)
+            encoded.append(codes)
+        return decoded, encoded
 
     def _select(self, keys, value_dtype):
         """Global threshold selection; returns (local mask, per-rank selected counts)."""

@@ -13,10 +13,15 @@ class ExchangeResult:
         other algorithms equal to ``indices``.
     traffic : :class:`Traffic` of this call on this rank.
     n : dense length.
+    sent_indices : this rank's input indices, sorted (int64).
+    sent_values : this rank's input values aligned with ``sent_indices``, as the
+        receivers decoded them (with a value codec; else as given, float16 as float32).
     """
 
-    def __init__(self, n, indices, values, selected, traffic, dense_values=None):
+    def __init__(self, n, indices, values, selected, traffic, dense_values=None,
+                 sent_indices=None, sent_values=None):
         self.n = n
+        self.sent_indices, self.sent_values = sent_indices, sent_values
         self._indices, self.values_, self._selected = indices, values, selected
         self._dense = dense_values
         self.traffic = traffic

@@ -58,16 +58,22 @@ class RegionAccumulator:
         return self._indices, self._values.astype(self.value_dtype)
 
 
-def split_and_reduce(comm, indices, values, bounds, index_dtype, bucket_peers):
+def split_and_reduce(comm, indices, values, bounds, index_dtype, bucket_peers, codec=None,
+                     encoded=None):
     """Reduce the sparse vectors of all ranks region by region.
 
     Parameters
     ----------
     comm : CountingComm
     indices, values : this rank's sparse vector, ``indices`` sorted ascending (int64).
+        With a codec, ``values`` are this rank's values AS DECODED (float32), so the
+        owner of a region sums the same floats whoever sent them.
     bounds : int64 array of P+1 region bounds (identical on all ranks).
     index_dtype : dtype of indices on the wire (int32 or int64).
     bucket_peers : number of rotation steps whose transfers are in flight together.
+    codec : None, or the ValueCodec whose codes travel instead of the values.
+    encoded : with a codec, a list of P uint8 arrays: ``encoded[j]`` is the code of
+        this rank's values in region j (``codec.nbytes(count)`` bytes).
 
     Returns (indices, values) of the summed vector restricted to this rank's region.
     """
@@ -92,17 +98,26 @@ def split_and_reduce(comm, indices, values, bounds, index_dtype, bucket_peers):
             if send_counts[dest]:
                 part = slice(splits[dest], splits[dest + 1])
                 wire_indices = indices[part].astype(index_dtype)
-                wire_values = np.ascontiguousarray(values[part])
+                wire_values = (np.ascontiguousarray(values[part]) if codec is None
+                               else np.ascontiguousarray(encoded[dest], dtype=np.uint8))
                 keep_alive.extend((wire_indices, wire_values))
                 send_requests.append(comm.isend(wire_indices, dest, _TAG_INDICES))
                 send_requests.append(comm.isend(wire_values, dest, _TAG_VALUES))
             if recv_counts[source]:
-                got_indices = np.empty(int(recv_counts[source]), dtype=index_dtype)
-                got_values = np.empty(int(recv_counts[source]), dtype=values.dtype)
+                count = int(recv_counts[source])
+                got_indices = np.empty(count, dtype=index_dtype)
+                got_values = (np.empty(count, dtype=values.dtype) if codec is None
+                              else np.empty(codec.nbytes(count), dtype=np.uint8))
                 requests.append(comm.irecv(got_indices, source, _TAG_INDICES))
                 requests.append(comm.irecv(got_values, source, _TAG_VALUES))
                 receives.append((got_indices, got_values))
         return receives, requests
+
+    def decoded(receives):
+        """Received pieces with their values decoded (codes -> floats) when there is a codec."""
+        if codec is None:
+            return receives
+        return [(i, codec.decode(v, i.size)) for i, v in receives]
 
     steps = list(range(1, size))
     buckets = [steps[i:i + bucket_peers] for i in range(0, len(steps), bucket_peers)]
@@ -111,7 +126,7 @@ def split_and_reduce(comm, indices, values, bounds, index_dtype, bucket_peers):
         following = post(buckets[b + 1]) if b + 1 < len(buckets) else None
         receives, requests = pending
         comm.waitall(requests)
-        accumulator.add(receives)  # overlaps with the transfers of `following`
+        accumulator.add(decoded(receives))  # overlaps with the transfers of `following`
         pending = following
     comm.waitall(send_requests)
     return accumulator.result()

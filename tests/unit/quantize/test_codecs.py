@@ -1,0 +1,255 @@
+"""Bit packing and the quantizers' codecs, single process, against independent oracles.
+
+Oracles: np.packbits on an explicit bit matrix (bitpack); torch's float32 -> bfloat16
+cast (BF16, round to nearest even); the papers' formulas written out with numpy (sign,
+scaled sign, 1-bit); and for the stochastic codes (QSGD, TernGrad) the sample mean over
+S seeds, which must lie within 5 standard errors of x, the standard error derived
+from each code's per-value variance bound.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from horovod_sparse.quantize.bitpack import pack, packed_nbytes, unpack
+from horovod_sparse.quantize.codecs import (BF16Codec, OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec,
+                                            TernGradCodec)
+from horovod_sparse.registry import create
+
+ALL_CODECS = [BF16Codec(), QSGDCodec(), QSGDCodec(levels=1, bucket_size=7),
+              QSGDCodec(levels=2 ** 15 - 1, bucket_size=3), QSGDCodec(levels=5, bucket_size=1),
+              TernGradCodec(), SignCodec(), ScaledSignCodec(), OneBitCodec()]
+COUNTS = [0, 1, 7, 8, 9, 513, 1001]
+
+
+def data(count, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(count) * 2.0 ** rng.uniform(-6, 6, count)).astype(np.float32)
+
+
+def reference_pack(codes, bits):
+    """The layout by definition: bit b of code i is stream bit i*bits + b, bytes LSB first."""
+    matrix = (codes.astype(np.uint64)[:, None] >> np.arange(bits, dtype=np.uint64)) & np.uint64(1)
+    return np.packbits(matrix.astype(np.uint8).ravel(), bitorder="little")
+
+
+# ----------------------------------------------------------------- bitpack
+@pytest.mark.parametrize("bits", range(1, 17))
+@pytest.mark.parametrize("count", [0, 1, 5, 8, 9, 15, 16, 17, 1003])
+def test_bitpack_roundtrip_matches_reference_layout(bits, count):
+    codes = np.random.default_rng(bits * 1000 + count).integers(0, 2 ** bits, count)
+    packed = pack(codes, bits)
+    assert packed.dtype == np.uint8
+    assert packed.size == math.ceil(count * bits / 8) == packed_nbytes(count, bits)
+    np.testing.assert_array_equal(packed, reference_pack(codes, bits))
+    out = unpack(packed, bits, count)
+    assert out.dtype == (np.uint8 if bits <= 8 else np.uint16)
+    np.testing.assert_array_equal(out, codes)
+    # Extremes: all zeros and all ones.
+    for value in (0, 2 ** bits - 1):
+        full = np.full(count, value)
+        np.testing.assert_array_equal(unpack(pack(full, bits), bits, count), full)
+
+
+def test_bitpack_bad_arguments():
+    for bits in (0, 17, 2.0, True):
+        with pytest.raises(ValueError, match="bits"):
+            pack(np.zeros(3, np.uint8), bits)
+    with pytest.raises(ValueError, match="bytes"):
+        unpack(np.zeros(1, np.uint8), 3, 8)  # needs 3 bytes
+
+
+# ----------------------------------------------------------- every codec
+@pytest.mark.parametrize("codec", ALL_CODECS, ids=repr)
+@pytest.mark.parametrize("count", COUNTS)
+def test_nbytes_exact_and_deterministic(codec, count):
+    x = data(count, seed=count)
+    code = codec.encode(x, seed=11)
+    assert code.dtype == np.uint8 and code.ndim == 1 and code.size == codec.nbytes(count)
+    np.testing.assert_array_equal(code, codec.encode(x.copy(), seed=11))
+    out = codec.decode(code, count)
+    assert out.dtype == np.float32 and out.shape == (count,)
+    np.testing.assert_array_equal(out, codec.decode(code.copy(), count))  # pure
+    np.testing.assert_array_equal(out, codec.roundtrip(x, seed=11))
+
+
+def test_nbytes_formulas():
+    for count in COUNTS:
+        assert BF16Codec().nbytes(count) == 2 * count
+        assert QSGDCodec(16, 512).nbytes(count) == 4 * math.ceil(count / 512) + math.ceil(count * 6 / 8)
+        assert QSGDCodec(1, 7).nbytes(count) == 4 * math.ceil(count / 7) + math.ceil(count * 2 / 8)
+        assert QSGDCodec(2 ** 15 - 1, 3).nbytes(count) == 4 * math.ceil(count / 3) + 2 * count
+        assert TernGradCodec().nbytes(count) == 4 + math.ceil(count / 4)
+        assert SignCodec().nbytes(count) == math.ceil(count / 8)
+        assert ScaledSignCodec().nbytes(count) == 4 + math.ceil(count / 8)
+        assert OneBitCodec().nbytes(count) == 8 + math.ceil(count / 8)
+    assert [QSGDCodec(levels).bits for levels in (1, 2, 3, 4, 15, 16, 255, 256)] == [2, 3, 3, 4, 5, 6, 9, 10]
+
+
+@pytest.mark.parametrize("codec", ALL_CODECS, ids=repr)
+def test_stochastic_codes_depend_on_seed_only(codec):
+    x = data(2000, seed=3)
+    a, b = codec.encode(x, seed=1), codec.encode(x, seed=2)
+    # QSGD with one value per bucket is exact (|x| / norm = 1), hence seed-free.
+    random = codec.stochastic and getattr(codec, "bucket_size", 2) > 1
+    assert (not np.array_equal(a, b)) == random
+
+
+@pytest.mark.parametrize("codec", ALL_CODECS, ids=repr)
+def test_non_finite_input_does_not_raise(codec):
+    x = np.array([1, np.nan, np.inf, -np.inf, 0, -0.0, -2, 3e38, -3e38], np.float32)
+    out = codec.roundtrip(x, seed=4)
+    assert out.shape == x.shape and out.dtype == np.float32
+    finite_in = codec.roundtrip(np.array([1, 0, -2], np.float32), seed=4)
+    assert np.all(np.isfinite(finite_in))
+
+
+# --------------------------------------------------------------------- bf16
+def test_bf16_matches_torch_round_to_nearest_even():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2 ** 32, 100000, dtype=np.uint64).astype(np.uint32)
+    ties = (rng.integers(0, 2 ** 16, 1000, dtype=np.uint32) << np.uint32(16)) | np.uint32(0x8000)
+    x = np.concatenate([bits, ties]).view(np.float32)
+    x = np.concatenate([x, np.array([0, -0.0, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-40], np.float32)])
+    x = x[~np.isnan(x)]
+    expected = torch.from_numpy(x.copy()).to(torch.bfloat16).to(torch.float32).numpy()
+    np.testing.assert_array_equal(BF16Codec().roundtrip(x).view(np.uint32), expected.view(np.uint32))
+
+
+def test_bf16_relative_error_and_nan():
+    x = data(10000, seed=5)
+    out = BF16Codec().roundtrip(x)
+    assert np.all(np.abs(out.astype(np.float64) - x) <= 2.0 ** -8 * np.abs(x.astype(np.float64)))
+    nans = np.array([0x7FC00000, 0x7F800001, 0xFF80FFFF, 0x7FFFFFFF], np.uint32).view(np.float32)
+    assert np.all(np.isnan(BF16Codec().roundtrip(nans)))
+
+
+# --------------------------------------------------------------------- qsgd
+def qsgd_norms(x, bucket):
+    x64 = x.astype(np.float64)
+    return np.array([np.sqrt(np.sum(x64[i:i + bucket] ** 2)) for i in range(0, x.size, bucket)],
+                    dtype=np.float32)
+
+
+@pytest.mark.parametrize("levels,bucket", [(16, 512), (1, 7), (3, 1), (255, 100)])
+def test_qsgd_structure_and_error_bound(levels, bucket):
+    x = data(1001, seed=levels)
+    codec = QSGDCodec(levels, bucket)
+    code = codec.encode(x, seed=9)
+    norms = qsgd_norms(x, bucket)
+    np.testing.assert_array_equal(code[:4 * norms.size].view(np.float32), norms)
+    out = codec.decode(code, x.size).astype(np.float64)
+    norm_each = np.repeat(norms.astype(np.float64), bucket)[:x.size]
+    # decode = sign(x) * norm * l / s with an integer level l in [0, s] ...
+    level = np.abs(out) / norm_each * levels
+    np.testing.assert_allclose(level, np.round(level), atol=1e-3)
+    assert np.all(np.round(level) <= levels)
+    assert np.all((out == 0) | (np.sign(out) == np.sign(x)))
+    # ... one of the two levels around |x|: error < norm / s (plus float32 rounding).
+    assert np.all(np.abs(out - x) <= norm_each / levels * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("levels,bucket", [(4, 16), (1, 5)])
+def test_qsgd_unbiased(levels, bucket):
+    x = data(200, seed=1)
+    codec = QSGDCodec(levels, bucket)
+    samples = 3000
+    mean = np.mean([codec.roundtrip(x, seed=s) for s in range(samples)], axis=0, dtype=np.float64)
+    norm_each = np.repeat(qsgd_norms(x, bucket).astype(np.float64), bucket)[:x.size]
+    # Per value, decode takes two neighbouring levels norm/s apart: Var <= (norm/s)**2 / 4.
+    sigma = np.sqrt((norm_each / levels) ** 2 / 4 / samples)
+    assert np.all(np.abs(mean - x) <= 5 * sigma + 1e-6 * np.abs(x))
+
+
+def test_qsgd_zero_bucket_and_single_value_buckets():
+    x = np.array([0, 0, 0, 3, -2, 0], np.float32)
+    out = QSGDCodec(levels=7, bucket_size=3).roundtrip(x, seed=1)
+    np.testing.assert_array_equal(out[:3], 0)
+    # bucket_size 1: norm = |x|, so r = s exactly and the code is exact.
+    np.testing.assert_array_equal(QSGDCodec(levels=3, bucket_size=1).roundtrip(x, seed=1), x)
+
+
+# ----------------------------------------------------------------- terngrad
+def test_terngrad_structure():
+    x = data(1001, seed=2)
+    code = TernGradCodec().encode(x, seed=3)
+    scale = np.float32(np.max(np.abs(x)))
+    assert code[:4].view(np.float32)[0] == scale
+    out = TernGradCodec().decode(code, x.size)
+    assert set(np.unique(out).tolist()) <= {-scale, 0.0, scale}
+    assert np.all((out == 0) | (np.sign(out) == np.sign(x)))
+    assert out[np.argmax(np.abs(x))] == x[np.argmax(np.abs(x))]  # P = 1 at the maximum
+
+
+def test_terngrad_unbiased():
+    x = data(200, seed=4)
+    samples = 3000
+    mean = np.mean([TernGradCodec().roundtrip(x, seed=s) for s in range(samples)], axis=0, dtype=np.float64)
+    scale = float(np.max(np.abs(x)))
+    absx = np.abs(x.astype(np.float64))
+    sigma = np.sqrt(absx * (scale - absx) / samples)  # Var of s*t is |x| (s - |x|) <= s**2/4
+    assert np.all(np.abs(mean - x) <= 5 * sigma + 1e-6 * absx)
+
+
+def test_terngrad_zero_vector():
+    np.testing.assert_array_equal(TernGradCodec().roundtrip(np.zeros(9, np.float32), seed=1), 0)
+
+
+# ------------------------------------------------------------- sign codes
+def test_sign_exact():
+    x = np.concatenate([data(1001, seed=6), np.array([0, -0.0], np.float32)])
+    np.testing.assert_array_equal(SignCodec().roundtrip(x), np.where(x < 0, -1, 1).astype(np.float32))
+    assert SignCodec.aggregate == "majority"
+
+
+def test_scaled_sign_exact():
+    x = data(1001, seed=7)
+    scale = np.float32(np.mean(np.abs(x.astype(np.float64))))
+    np.testing.assert_array_equal(ScaledSignCodec().roundtrip(x), np.where(x < 0, -scale, scale))
+    assert ScaledSignCodec().encode(np.zeros(0, np.float32)).view(np.float32)[0] == 0
+
+
+def test_onebit_exact():
+    x = data(1001, seed=8)
+    neg = np.float32(np.mean(x[x < 0].astype(np.float64)))
+    pos = np.float32(np.mean(x[x >= 0].astype(np.float64)))
+    np.testing.assert_array_equal(OneBitCodec().roundtrip(x), np.where(x < 0, neg, pos))
+    # One side empty: its reconstruction value is 0 (unused).
+    only_pos = np.array([1, 2, 0], np.float32)
+    np.testing.assert_array_equal(OneBitCodec().roundtrip(only_pos), np.float32(1.0))
+    np.testing.assert_array_equal(OneBitCodec().encode(only_pos)[:8].view(np.float32), [1, 0])
+
+
+# ----------------------------------------------------------- bad parameters
+@pytest.mark.parametrize("kwargs,name", [(dict(levels=0), "levels"), (dict(levels=2 ** 15), "levels"),
+                                         (dict(levels=2.5), "levels"), (dict(bucket_size=0), "bucket_size"),
+                                         (dict(bucket_size=True), "bucket_size")])
+def test_qsgd_codec_bad_parameters(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        QSGDCodec(**kwargs)
+
+
+@pytest.mark.parametrize("spec,params,name", [
+    ("qsgd", dict(levels=0), "levels"), ("qsgd", dict(levels=40000), "levels"),
+    ("qsgd", dict(bucket_size=0), "bucket_size"), ("qsgd", dict(method="ring"), "method"),
+    ("bf16", dict(method="allreduce"), "method"), ("terngrad", dict(method=3), "method"),
+    ("signsgd", dict(method="x"), "method"), ("efsignsgd", dict(method="x"), "method"),
+    ("onebit", dict(method="x"), "method"), ("signum", dict(momentum=1.0), "momentum"),
+    ("signum", dict(momentum=-0.1), "momentum"), ("signum", dict(method="x"), "method"),
+    ("onebit", dict(error_feedback=1), "error_feedback"), ("signsgd", dict(error_feedback=True),
+                                                           "error_feedback")])
+def test_compressor_bad_parameters(spec, params, name):
+    with pytest.raises(ValueError, match=name):
+        create(spec, **params)
+
+
+def test_compressor_specs_and_defaults():
+    assert create("qsgd").params == dict(levels=16, bucket_size=512, method="alltoall", error_feedback=False)
+    assert create("qsgd:levels=4,method=allgather").spec == \
+        "qsgd:levels=4,bucket_size=512,method=allgather,error_feedback=False"
+    assert create("signum").params == dict(momentum=0.9, method="alltoall")
+    assert create("efsignsgd").error_feedback and create("onebit").error_feedback
+    assert not create("bf16").error_feedback and not create("terngrad").error_feedback
+    for name in ("bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit"):
+        assert create(name).fused
