@@ -22,8 +22,8 @@ class FFTCompressor(FusedCompressor):
         theta: fraction of the complex coefficients DROPPED each step, in [0, 1).
             Default 0.9: 10% of the coefficients are kept, which carries most of a
             gradient's energy when it is smooth along the buffer, and with 8-bit codes
-            and int32 positions costs about 1 byte per gradient element per rank (the
-            positions dominate), 4x less than float32.
+            and int32 positions costs about 0.5 byte per gradient element per peer (the
+            positions dominate), 8x less than float32.
         bits: bits per value, one of 4, 8, 12, 16. Default 8 (1 sign, 4 exponent, 3
             mantissa bits: relative error <= 1/16 inside a 15-binade window per block),
             small next to the 4-byte position and the error the drop already makes.

@@ -45,6 +45,7 @@ from .comm import CountingComm
 from .errors import ExchangeError
 from .traffic import Traffic
 from .validation import TAG_ERROR_CODE, agree, tag_as_int64
+from horovod_sparse.closing import ClosesOnExit
 
 METHODS = ("alltoall", "allgather")
 AGGREGATES = ("sum", "majority")
@@ -81,7 +82,7 @@ def _as_numpy(array):
     return np.asarray(array)
 
 
-class CompressedAllreduce:
+class CompressedAllreduce(ClosesOnExit):
     """Sum float32 vectors of length ``n`` over the ranks of ``comm``, carried as codes.
 
     Parameters
@@ -285,13 +286,6 @@ class CompressedAllreduce:
     def close(self):
         """Free the duplicated communicator (idempotent)."""
         self._comm.free()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     def __repr__(self):
         return (f"CompressedAllreduce(n={self.n}, codec={self.codec!r}, method={self.method!r}, "

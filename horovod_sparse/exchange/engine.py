@@ -9,6 +9,7 @@ from .errors import ExchangeError
 from .result import ExchangeResult
 from .sparse_ops import wire_index_dtype
 from .validation import TAG_ERROR_CODE, VALUE_DTYPE_CODES, LocalInput, agree, tag_as_int64
+from horovod_sparse.closing import ClosesOnExit
 
 ALGORITHMS = ("dense", "allgather", "oktopk", "gtopk", "dsa")
 _IMPLEMENTATIONS = {
@@ -28,7 +29,7 @@ def _is_int(value):
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-class SparseAllreduce:
+class SparseAllreduce(ClosesOnExit):
     """Sum (or average) sparse vectors over all ranks of an MPI communicator.
 
     Parameters
@@ -204,10 +205,3 @@ class SparseAllreduce:
     def close(self):
         """Free the duplicated communicator (idempotent)."""
         self._comm.free()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False

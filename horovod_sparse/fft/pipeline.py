@@ -55,6 +55,7 @@ from horovod_sparse.exchange import ALGORITHMS, SparseAllreduce, Traffic, mask_i
 from horovod_sparse.quantize.rangefloat import SPLITS, RangeFloatCodec
 
 from .spectrum import VALUE_DTYPE, ChunkedSpectrum, coefficient_positions, top_coefficients
+from horovod_sparse.closing import ClosesOnExit
 
 EXCHANGES = ("allgather", "oktopk")
 SCHEDULES = ("constant", "linear")
@@ -102,7 +103,7 @@ def _check_int(name, value, lowest):
     return int(value)
 
 
-class FFTSparsifier:
+class FFTSparsifier(ClosesOnExit):
     """State of one FFT-compressed gradient buffer of length ``n`` on this rank.
 
     Parameters
@@ -244,13 +245,6 @@ class FFTSparsifier:
     def close(self):
         """Free the engine's communicator (idempotent)."""
         self.engine.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     def __repr__(self):
         return (f"FFTSparsifier(n={self.n}, theta={self.theta}, bits={self.bits}, "

@@ -44,6 +44,7 @@ from horovod_sparse.exchange.validation import TAG_ERROR_CODE, agree, tag_as_int
 
 from .orthogonal import orthonormalize
 from .plan import make_plan
+from horovod_sparse.closing import ClosesOnExit
 
 _STATE_FORMAT = 1
 #: error code of this rank's header when its gradient is not a 1-D float array of length n
@@ -86,7 +87,7 @@ def _check_bool(name, value):
     return bool(value)
 
 
-class PowerSGDPipeline:
+class PowerSGDPipeline(ClosesOnExit):
     """State of one PowerSGD-compressed gradient buffer of length ``n`` on this rank.
 
     Parameters
@@ -325,13 +326,6 @@ class PowerSGDPipeline:
     def close(self):
         """Free the duplicated communicator (idempotent)."""
         self._comm.free()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     def __repr__(self):
         return (f"PowerSGDPipeline(n={self.n}, rank={self.approx_rank}, "

@@ -40,6 +40,8 @@ def pack(codes, bits):
     nbytes = (count * bits + 7) // 8
     if count == 0:
         return np.zeros(0, np.uint8)
+    if 8 % bits == 0:
+        return _pack_within_bytes(codes, bits)
     groups = -(-count // 8)
     padded = np.zeros(groups * 8, np.uint64)
     padded[:count] = codes
@@ -77,6 +79,8 @@ def unpack(data, bits, count):
     if data.size < nbytes:
         raise ValueError(f"data holds {data.size} bytes, {nbytes} needed for {count} codes "
                          f"of {bits} bits")
+    if 8 % bits == 0:
+        return _unpack_within_bytes(data, bits, count, out_dtype)
     groups = -(-count // 8)
     stream = np.zeros(groups * bits, np.uint8)
     stream[:nbytes] = data[:nbytes]
@@ -96,3 +100,33 @@ def unpack(data, bits, count):
             column = (lo >> np.uint64(offset)) | (hi << np.uint64(64 - offset))
         out[:, i] = column & mask
     return out.ravel()[:count]
+
+
+# Widths that divide 8 (1, 2, 4, 8 bits): no code straddles a byte, so the same stream
+# is built in uint8 arithmetic, 8x less memory traffic than the 128-bit words above.
+
+def _pack_within_bytes(codes, bits):
+    per_byte = 8 // bits
+    nbytes = -(-codes.size // per_byte)
+    padded = np.zeros(nbytes * per_byte, np.uint8)
+    padded[:codes.size] = codes & ((1 << bits) - 1)
+    if bits == 1:
+        return np.packbits(padded, bitorder="little")
+    columns = padded.reshape(nbytes, per_byte)
+    out = columns[:, 0].copy()
+    for i in range(1, per_byte):
+        out |= columns[:, i] << np.uint8(i * bits)
+    return out
+
+
+def _unpack_within_bytes(data, bits, count, out_dtype):
+    per_byte = 8 // bits
+    nbytes = -(-count // per_byte)
+    stream = np.asarray(data, np.uint8).ravel()[:nbytes]
+    if bits == 1:
+        return np.unpackbits(stream, count=count, bitorder="little").astype(out_dtype, copy=False)
+    mask = np.uint8((1 << bits) - 1)
+    out = np.empty((nbytes, per_byte), np.uint8)
+    for i in range(per_byte):
+        out[:, i] = (stream >> np.uint8(i * bits)) & mask
+    return out.ravel()[:count].astype(out_dtype, copy=False)

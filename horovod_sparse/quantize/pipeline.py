@@ -16,6 +16,7 @@ from horovod_sparse.exchange.compressed import CompressedAllreduce
 from horovod_sparse.exchange.traffic import Traffic
 
 from .codec import VALUE_DTYPE, derive_seed
+from horovod_sparse.closing import ClosesOnExit
 
 _STATE_FORMAT = 1
 
@@ -44,7 +45,7 @@ def _check_bool(name, value):
     return bool(value)
 
 
-class QuantizedPipeline:
+class QuantizedPipeline(ClosesOnExit):
     """State of one quantized gradient buffer of length ``n`` on this rank.
 
     Parameters
@@ -169,13 +170,6 @@ class QuantizedPipeline:
     def close(self):
         """Free the exchange's communicator (idempotent)."""
         self.exchange.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     def __repr__(self):
         return (f"QuantizedPipeline(n={self.n}, codec={self.codec!r}, method={self.method!r}, "

@@ -16,6 +16,7 @@ import numpy as np
 from horovod_sparse.exchange import ALGORITHMS, SparseAllreduce, Traffic, intersect_sorted
 from horovod_sparse.sparsify.memory import ErrorFeedback, MomentumCorrection
 from horovod_sparse.sparsify.selection import VALUE_DTYPE, keys_of
+from horovod_sparse.closing import ClosesOnExit
 
 #: exchanges whose global selection may drop locally selected entries: the residual
 #: is cleared only at local ∩ global selected (Ok-Topk's rule), not at all local ones
@@ -53,7 +54,7 @@ class StepInfo:
     traffic: Traffic
 
 
-class Sparsifier:
+class Sparsifier(ClosesOnExit):
     """State of one compressed gradient buffer of length ``n`` on this rank.
 
     Parameters
@@ -190,13 +191,6 @@ class Sparsifier:
         self.engine.close()
         if self.dense_engine is not None:
             self.dense_engine.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     def __repr__(self):
         return (f"Sparsifier(n={self.n}, k={self.k}, rule={self.rule.name}, "
