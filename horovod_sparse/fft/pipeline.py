@@ -125,7 +125,7 @@ class FFTSparsifier(ClosesOnExit):
     exchange_params : extra keyword parameters of the engine (e.g. oktopk's tau).
     """
 
-    def __init__(self, n, comm, theta=0.9, bits=8, chunk_size=4096, exchange="allgather",
+    def __init__(self, n, comm, theta=0.9, bits=8, chunk_size=1024, exchange="allgather",
                  theta_schedule="constant", theta_final=None, decay_steps=0, error_feedback=True,
                  block_size=256, exchange_params=None):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
