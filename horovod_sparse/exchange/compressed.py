@@ -33,7 +33,6 @@ repr, the method and server error feedback), the call counter, the tag and a loc
 error code (values not a 1-D float array of length n, bad seed or tag): a mismatch
 or bad input on any rank raises :class:`ExchangeError` on every rank, never a hang.
 """
-import numbers
 import zlib
 from dataclasses import dataclass
 
@@ -44,7 +43,7 @@ from horovod_sparse.quantize.codec import VALUE_DTYPE, derive_seed
 from .comm import CountingComm
 from .errors import ExchangeError
 from .traffic import Traffic
-from .validation import TAG_ERROR_CODE, agree, tag_as_int64
+from .validation import TAG_ERROR_CODE, agree, as_numpy, is_int, tag_as_int64
 from horovod_sparse.closing import ClosesOnExit
 
 METHODS = ("alltoall", "allgather")
@@ -69,19 +68,6 @@ class CompressedResult:
     traffic: Traffic
 
 
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
-def _as_numpy(array):
-    """Numpy view of a numpy array or CPU torch tensor (no torch import)."""
-    if isinstance(array, np.ndarray):
-        return array
-    if hasattr(array, "detach") and hasattr(array, "numpy"):
-        return array.detach().cpu().numpy()
-    return np.asarray(array)
-
-
 class CompressedAllreduce(ClosesOnExit):
     """Sum float32 vectors of length ``n`` over the ranks of ``comm``, carried as codes.
 
@@ -102,7 +88,7 @@ class CompressedAllreduce(ClosesOnExit):
     """
 
     def __init__(self, n, codec, method="alltoall", comm=None, server_error_feedback=False):
-        if not _is_int(n) or n < 0:
+        if not is_int(n) or n < 0:
             raise ValueError(f"n must be an integer >= 0, got {n!r}")
         if not all(callable(getattr(codec, f, None)) for f in ("encode", "decode", "nbytes")) \
                 or getattr(codec, "aggregate", "sum") not in AGGREGATES:
@@ -161,7 +147,7 @@ class CompressedAllreduce(ClosesOnExit):
             raise RuntimeError("CompressedAllreduce is closed")
         before = self._comm.traffic
         x, error_code, detail = self._check(values)
-        if not _is_int(seed):
+        if not is_int(seed):
             error_code, detail = error_code or _BAD_LENGTH_OR_SEED, -1
             seed = 0
         seed = int(seed) % 2 ** 64
@@ -187,7 +173,7 @@ class CompressedAllreduce(ClosesOnExit):
         """(float32 values, error code, detail); never raises."""
         empty = np.zeros(0, VALUE_DTYPE)
         try:
-            x = _as_numpy(values)
+            x = as_numpy(values)
         except Exception:
             return empty, _BAD_VALUES, 0
         if not isinstance(x, np.ndarray) or x.ndim != 1 or x.dtype.kind != "f":

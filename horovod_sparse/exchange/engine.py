@@ -8,7 +8,7 @@ from .comm import CountingComm
 from .errors import ExchangeError
 from .result import ExchangeResult
 from .sparse_ops import wire_index_dtype
-from .validation import TAG_ERROR_CODE, VALUE_DTYPE_CODES, LocalInput, agree, tag_as_int64
+from .validation import TAG_ERROR_CODE, VALUE_DTYPE_CODES, LocalInput, agree, is_int, tag_as_int64
 from horovod_sparse.closing import ClosesOnExit
 
 ALGORITHMS = ("dense", "allgather", "oktopk", "gtopk", "dsa")
@@ -23,10 +23,6 @@ _NEEDS_K = ("oktopk", "gtopk")
 #: algorithms that can carry values as codes of a ValueCodec
 CODEC_ALGORITHMS = ("allgather", "oktopk")
 _STATE_FORMAT = 1
-
-
-def _is_int(value):
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 class SparseAllreduce(ClosesOnExit):
@@ -67,13 +63,13 @@ class SparseAllreduce(ClosesOnExit):
 
     def __init__(self, n, algorithm="oktopk", k=None, comm=None, average=False, value_codec=None,
                  **algorithm_params):
-        if not _is_int(n) or n < 0:
+        if not is_int(n) or n < 0:
             raise ValueError(f"n must be an integer >= 0, got {n!r}")
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-        if algorithm in _NEEDS_K and (not _is_int(k) or k < 1):
+        if algorithm in _NEEDS_K and (not is_int(k) or k < 1):
             raise ValueError(f"k must be an integer >= 1 for algorithm {algorithm!r}, got {k!r}")
-        if k is not None and (not _is_int(k) or k < 1):
+        if k is not None and (not is_int(k) or k < 1):
             raise ValueError(f"k must be None or an integer >= 1, got {k!r}")
         if not isinstance(average, (bool, np.bool_)):
             raise ValueError(f"average must be True or False, got {average!r}")
@@ -168,7 +164,7 @@ class SparseAllreduce(ClosesOnExit):
         same k: k travels in the agreement header, so a mismatch raises ExchangeError."""
         if self.algorithm not in _NEEDS_K:
             raise ValueError(f"set_k applies to algorithms {_NEEDS_K}, not {self.algorithm!r}")
-        if not _is_int(k) or k < 1:
+        if not is_int(k) or k < 1:
             raise ValueError(f"k must be an integer >= 1, got {k!r}")
         self.k = self._impl.k = int(k)
 

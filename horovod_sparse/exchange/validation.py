@@ -37,7 +37,12 @@ def tag_as_int64(tag):
 VALUE_DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 
 
-def _as_numpy(array):
+def is_int(value):
+    """True for Python and numpy integers, not for bools."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def as_numpy(array):
     """Zero-copy numpy view of a numpy array or torch tensor (no torch import needed)."""
     if isinstance(array, np.ndarray):
         return array
@@ -70,11 +75,11 @@ class LocalInput:
         self.error_code, self.error_detail = code, int(detail)
 
     def _check(self, indices, values, n):
-        idx = _as_numpy(indices)
+        idx = as_numpy(indices)
         if idx.ndim != 1 or idx.dtype.kind not in "iu":
             return self._fail(1)
         try:
-            val = _as_numpy(values)
+            val = as_numpy(values)
         except Exception:
             return self._fail(2)
         if val.ndim != 1 or val.dtype not in (np.float16, np.float32, np.float64):
