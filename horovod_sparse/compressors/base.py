@@ -1,6 +1,8 @@
-"""Base class of the framework-free compressors, and their parameter checks."""
-import math
-import numbers
+"""Base classes of the framework-free compressors. Their parameter checks live in
+:mod:`horovod_sparse.checks` and are re-exported here."""
+from horovod_sparse.checks import (check_bool, check_choice, check_fraction, check_int,  # noqa: F401
+                                   check_nonnegative_int, check_positive_int, check_positive_number,
+                                   check_unit_interval)
 
 # Horovod's allreduce rejects bfloat16 (torch), so bfloat16 gradients travel as float32.
 WIRE_DTYPE = {"bfloat16": "float32"}
@@ -78,52 +80,3 @@ class FusedCompressor(Compressor):
     def decompress(self, ops, payload, ctx):
         raise NotImplementedError(f"fused compressor: {self.name} exchanges whole buffers through "
                                   "make_sparsifier(n, comm).step(grad), not per-tensor decompress()")
-
-
-def check_fraction(name, value):
-    """A float in (0, 1]; ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-            or not 0 < value <= 1:
-        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
-    return float(value)
-
-
-def check_bool(name, value):
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-def check_nonnegative_int(name, value, upper=2**63 - 1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= upper:
-        raise ValueError(f"{name} must be an integer in [0, {upper}], got {value!r}")
-    return int(value)
-
-
-def check_choice(name, value, choices):
-    """``value`` if it is one of ``choices``; ValueError naming ``name`` and the choices otherwise."""
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-    return value
-
-
-def check_positive_int(name, value, upper=2**31 - 1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= upper:
-        raise ValueError(f"{name} must be an integer in [1, {upper}], got {value!r}")
-    return int(value)
-
-
-def check_positive_number(name, value):
-    """A finite float > 0; ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-            or not value > 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def check_unit_interval(name, value):
-    """A float in [0, 1); ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-            or not 0 <= value < 1:
-        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
-    return float(value)

@@ -37,6 +37,16 @@ class QuantizingCompressor(FusedCompressor):
     error_feedback = False
     momentum = None
 
+    def __init__(self, method, error_feedback=None, **own_params):
+        """Check and record ``method`` and, for the compressors that offer it,
+        ``error_feedback``; ``own_params`` (already checked) come first in ``params``."""
+        super().__init__()
+        self.method = check_choice("method", method, METHODS)
+        self.params = dict(own_params, method=self.method)
+        if error_feedback is not None:
+            self.error_feedback = check_bool("error_feedback", error_feedback)
+            self.params["error_feedback"] = self.error_feedback
+
     def codec(self):
         """The :class:`~horovod_sparse.quantize.ValueCodec` on the wire."""
         raise NotImplementedError
@@ -62,10 +72,7 @@ class BF16Compressor(QuantizingCompressor):
     name = "bf16"
 
     def __init__(self, method="alltoall", error_feedback=False):
-        super().__init__()
-        self.method = check_choice("method", method, METHODS)
-        self.error_feedback = check_bool("error_feedback", error_feedback)
-        self.params = dict(method=self.method, error_feedback=self.error_feedback)
+        super().__init__(method, error_feedback)
 
     def codec(self):
         return BF16Codec()
@@ -90,13 +97,9 @@ class QSGDCompressor(QuantizingCompressor):
     name = "qsgd"
 
     def __init__(self, levels=16, bucket_size=512, method="alltoall", error_feedback=False):
-        super().__init__()
         self.levels = check_positive_int("levels", levels, upper=2 ** 15 - 1)
         self.bucket_size = check_positive_int("bucket_size", bucket_size)
-        self.method = check_choice("method", method, METHODS)
-        self.error_feedback = check_bool("error_feedback", error_feedback)
-        self.params = dict(levels=self.levels, bucket_size=self.bucket_size, method=self.method,
-                           error_feedback=self.error_feedback)
+        super().__init__(method, error_feedback, levels=self.levels, bucket_size=self.bucket_size)
 
     def codec(self):
         return QSGDCodec(self.levels, self.bucket_size)
@@ -118,10 +121,7 @@ class TernGradCompressor(QuantizingCompressor):
     name = "terngrad"
 
     def __init__(self, method="alltoall", error_feedback=False):
-        super().__init__()
-        self.method = check_choice("method", method, METHODS)
-        self.error_feedback = check_bool("error_feedback", error_feedback)
-        self.params = dict(method=self.method, error_feedback=self.error_feedback)
+        super().__init__(method, error_feedback)
 
     def codec(self):
         return TernGradCodec()
@@ -142,9 +142,7 @@ class SignSGDCompressor(QuantizingCompressor):
     name = "signsgd"
 
     def __init__(self, method="alltoall"):
-        super().__init__()
-        self.method = check_choice("method", method, METHODS)
-        self.params = dict(method=self.method)
+        super().__init__(method)
 
     def codec(self):
         return SignCodec()
@@ -165,10 +163,8 @@ class SignumCompressor(QuantizingCompressor):
     name = "signum"
 
     def __init__(self, momentum=0.9, method="alltoall"):
-        super().__init__()
         self.momentum = check_unit_interval("momentum", momentum)
-        self.method = check_choice("method", method, METHODS)
-        self.params = dict(momentum=self.momentum, method=self.method)
+        super().__init__(method, momentum=self.momentum)
 
     def codec(self):
         return SignCodec()
@@ -189,10 +185,7 @@ class EFSignSGDCompressor(QuantizingCompressor):
     name = "efsignsgd"
 
     def __init__(self, method="alltoall", error_feedback=True):
-        super().__init__()
-        self.method = check_choice("method", method, METHODS)
-        self.error_feedback = check_bool("error_feedback", error_feedback)
-        self.params = dict(method=self.method, error_feedback=self.error_feedback)
+        super().__init__(method, error_feedback)
 
     def codec(self):
         return ScaledSignCodec()
@@ -214,10 +207,7 @@ class OneBitCompressor(QuantizingCompressor):
     name = "onebit"
 
     def __init__(self, method="alltoall", error_feedback=True):
-        super().__init__()
-        self.method = check_choice("method", method, METHODS)
-        self.error_feedback = check_bool("error_feedback", error_feedback)
-        self.params = dict(method=self.method, error_feedback=self.error_feedback)
+        super().__init__(method, error_feedback)
 
     def codec(self):
         return OneBitCodec()

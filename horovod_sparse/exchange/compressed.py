@@ -39,12 +39,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from horovod_sparse.quantize.codec import VALUE_DTYPE, derive_seed
+from horovod_sparse.closing import ClosesOnExit
 
 from .comm import CountingComm
 from .errors import ExchangeError
 from .traffic import Traffic
 from .validation import TAG_ERROR_CODE, agree, as_numpy, is_int, tag_as_int64
-from horovod_sparse.closing import ClosesOnExit
 
 METHODS = ("alltoall", "allgather")
 AGGREGATES = ("sum", "majority")

@@ -3,13 +3,14 @@ import zlib
 
 import numpy as np
 
+from horovod_sparse.closing import ClosesOnExit
+
 from . import allgather, dense, dsa, gtopk, oktopk
 from .comm import CountingComm
 from .errors import ExchangeError
 from .result import ExchangeResult
 from .sparse_ops import wire_index_dtype
 from .validation import TAG_ERROR_CODE, VALUE_DTYPE_CODES, LocalInput, agree, is_int, tag_as_int64
-from horovod_sparse.closing import ClosesOnExit
 
 ALGORITHMS = ("dense", "allgather", "oktopk", "gtopk", "dsa")
 _IMPLEMENTATIONS = {

@@ -53,9 +53,10 @@ import numpy as np
 
 from horovod_sparse.exchange import ALGORITHMS, SparseAllreduce, Traffic, mask_in_sorted
 from horovod_sparse.quantize.rangefloat import SPLITS, RangeFloatCodec
+from horovod_sparse.checks import check_int
+from horovod_sparse.closing import ClosesOnExit
 
 from .spectrum import VALUE_DTYPE, ChunkedSpectrum, coefficient_positions, top_coefficients
-from horovod_sparse.closing import ClosesOnExit
 
 EXCHANGES = ("allgather", "oktopk")
 SCHEDULES = ("constant", "linear")
@@ -97,12 +98,6 @@ def check_theta(name, value):
     return float(value)
 
 
-def _check_int(name, value, lowest):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lowest <= value < 2**31:
-        raise ValueError(f"{name} must be an integer in [{lowest}, {2**31 - 1}], got {value!r}")
-    return int(value)
-
-
 class FFTSparsifier(ClosesOnExit):
     """State of one FFT-compressed gradient buffer of length ``n`` on this rank.
 
@@ -133,13 +128,13 @@ class FFTSparsifier(ClosesOnExit):
         self.theta = check_theta("theta", theta)
         if isinstance(bits, bool) or bits not in SPLITS:
             raise ValueError(f"bits must be one of {sorted(SPLITS)}, got {bits!r}")
-        self.chunk_size = _check_int("chunk_size", chunk_size, 2)
+        self.chunk_size = check_int("chunk_size", chunk_size, 2, 2**31 - 1)
         if exchange not in EXCHANGES:
             raise ValueError(f"exchange must be one of {list(EXCHANGES)}, got {exchange!r}")
         if theta_schedule not in SCHEDULES:
             raise ValueError(f"theta_schedule must be one of {list(SCHEDULES)}, got {theta_schedule!r}")
         self.theta_final = self.theta if theta_final is None else check_theta("theta_final", theta_final)
-        self.decay_steps = _check_int("decay_steps", decay_steps, 0)
+        self.decay_steps = check_int("decay_steps", decay_steps, 0, 2**31 - 1)
         if not isinstance(error_feedback, (bool, np.bool_)):
             raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
         self.n, self.bits, self.exchange = int(n), int(bits), exchange

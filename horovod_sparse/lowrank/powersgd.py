@@ -41,10 +41,11 @@ from horovod_sparse.exchange.comm import CountingComm
 from horovod_sparse.exchange.errors import ExchangeError
 from horovod_sparse.exchange.traffic import Traffic
 from horovod_sparse.exchange.validation import TAG_ERROR_CODE, agree, tag_as_int64
+from horovod_sparse.checks import check_bool, check_int
+from horovod_sparse.closing import ClosesOnExit
 
 from .orthogonal import orthonormalize
 from .plan import make_plan
-from horovod_sparse.closing import ClosesOnExit
 
 _STATE_FORMAT = 1
 #: error code of this rank's header when its gradient is not a 1-D float array of length n
@@ -72,19 +73,6 @@ class PowerSGDStepInfo:
     kept: np.ndarray
     traffic: Traffic
     compressed_matrices: int
-
-
-def _check_int(name, value, low, high=2 ** 63 - 1):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-            or not low <= int(value) <= high:
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
-    return int(value)
-
-
-def _check_bool(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
 
 
 class PowerSGDPipeline(ClosesOnExit):
@@ -127,11 +115,11 @@ class PowerSGDPipeline(ClosesOnExit):
 
     def __init__(self, n, comm, rank, layout=None, error_feedback=True, warm_start=True, seed=0,
                  min_compression_rate=2.0):
-        self.n = _check_int("n", n, 0)
-        self.approx_rank = _check_int("rank", rank, 1, 2 ** 31 - 1)
-        self.error_feedback = _check_bool("error_feedback", error_feedback)
-        self.warm_start = _check_bool("warm_start", warm_start)
-        self.seed = _check_int("seed", seed, 0)
+        self.n = check_int("n", n, 0)
+        self.approx_rank = check_int("rank", rank, 1, 2 ** 31 - 1)
+        self.error_feedback = check_bool("error_feedback", error_feedback)
+        self.warm_start = check_bool("warm_start", warm_start)
+        self.seed = check_int("seed", seed, 0)
         rate = min_compression_rate
         if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, (int, float, np.integer, np.floating)) \
                 or not np.isfinite(rate) or not rate > 0:

@@ -19,6 +19,8 @@ import math
 
 import numpy as np
 
+from horovod_sparse.checks import check_int
+
 from .bitpack import pack, packed_nbytes, unpack
 from .codec import VALUE_DTYPE, ValueCodec
 
@@ -36,12 +38,6 @@ def _floats_to_bytes(*floats):
 def _bytes_to_floats(data, count, offset=0):
     return np.frombuffer(np.ascontiguousarray(data[offset:offset + 4 * count], dtype=np.uint8).tobytes(),
                          _F32, count=count).astype(VALUE_DTYPE)
-
-
-def _check_int(name, value, low, high):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
-    return int(value)
 
 
 def _sign_bits(values):
@@ -114,8 +110,8 @@ class QSGDCodec(ValueCodec):
     stochastic = True
 
     def __init__(self, levels=16, bucket_size=512):
-        self.levels = _check_int("levels", levels, 1, 2 ** 15 - 1)
-        self.bucket_size = _check_int("bucket_size", bucket_size, 1, 2 ** 31 - 1)
+        self.levels = check_int("levels", levels, 1, 2 ** 15 - 1)
+        self.bucket_size = check_int("bucket_size", bucket_size, 1, 2 ** 31 - 1)
         self.bits = 1 + math.ceil(math.log2(self.levels + 1))
 
     def _buckets(self, count):

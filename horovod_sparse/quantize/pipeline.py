@@ -14,9 +14,10 @@ import numpy as np
 
 from horovod_sparse.exchange.compressed import CompressedAllreduce
 from horovod_sparse.exchange.traffic import Traffic
+from horovod_sparse.checks import check_bool
+from horovod_sparse.closing import ClosesOnExit
 
 from .codec import VALUE_DTYPE, derive_seed
-from horovod_sparse.closing import ClosesOnExit
 
 _STATE_FORMAT = 1
 
@@ -37,12 +38,6 @@ class QuantizeStepInfo:
     sent: np.ndarray
     kept: np.ndarray
     traffic: Traffic
-
-
-def _check_bool(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
 
 
 class QuantizedPipeline(ClosesOnExit):
@@ -78,7 +73,7 @@ class QuantizedPipeline(ClosesOnExit):
 
     def __init__(self, n, comm, codec, method="alltoall", error_feedback=True, momentum=None,
                  seed=0, server_error_feedback=None):
-        error_feedback = _check_bool("error_feedback", error_feedback)
+        error_feedback = check_bool("error_feedback", error_feedback)
         if momentum is not None:
             if isinstance(momentum, bool) or not isinstance(momentum, (int, float, np.floating)) \
                     or not np.isfinite(momentum) or not 0 <= momentum < 1:

@@ -15,7 +15,7 @@ import horovod_sparse
 import horovod_sparse.tensorflow as hvds
 from horovod_sparse.layout import GradientLayout
 
-from test_sparsifiers import data, flat_weights, make_model
+from test_sparsifiers import data, flat_weights, make_model, train_with_tape
 
 SPECS = ["bf16", "qsgd", "qsgd:method=allgather", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
          "powersgd:rank=2", "fft", "fft:exchange=oktopk"]
@@ -62,22 +62,7 @@ def test_gradient_tape_replicas_bitwise_identical_after_100_steps(spec, assert_i
     compression = hvds.Compression.from_spec(spec, dense_below=100)
     name = spec.split(":")[0]
     opt = tf.keras.optimizers.SGD(LEARNING_RATE.get(name, 0.05), momentum=0.0 if name in OWN_MOMENTUM else 0.9)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    x, y = data(hvd.rank())
-
-    @tf.function
-    def step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        tape = hvd.DistributedGradientTape(tape, compression=compression)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    model(x[:1])
-    hvd.broadcast_variables(model.variables, root_rank=0)
-    start = flat_weights(model)
-    losses = [float(step(x[i * 8:(i + 1) * 8], y[i * 8:(i + 1) * 8])) for i in range(100)]
+    start, losses = train_with_tape(model, compression, opt)
     params = flat_weights(model)
     assert_identical_across_ranks(params)
     assert not np.allclose(params, start)

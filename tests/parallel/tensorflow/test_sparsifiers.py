@@ -55,11 +55,9 @@ def flat_weights(model):
     return np.concatenate([w.numpy().ravel() for w in model.trainable_variables])
 
 
-@pytest.mark.parametrize("spec", SPECS)
-def test_gradient_tape_replicas_bitwise_identical_after_100_steps(spec, assert_identical_across_ranks):
-    model = make_model()
-    compression = hvds.Compression.from_spec(spec, dense_below=100)
-    opt = tf.keras.optimizers.SGD(0.05, momentum=0.0 if spec.startswith("dgc") else 0.9)
+def train_with_tape(model, compression, opt, steps=100):
+    """``steps`` DistributedGradientTape steps inside a tf.function on this rank's data
+    (batches of 8), starting from rank 0's weights; returns (start weights, losses)."""
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x, y = data(hvd.rank())
 
@@ -75,7 +73,15 @@ def test_gradient_tape_replicas_bitwise_identical_after_100_steps(spec, assert_i
     model(x[:1])
     hvd.broadcast_variables(model.variables, root_rank=0)
     start = flat_weights(model)
-    losses = [float(step(x[i * 8:(i + 1) * 8], y[i * 8:(i + 1) * 8])) for i in range(100)]
+    return start, [float(step(x[i * 8:(i + 1) * 8], y[i * 8:(i + 1) * 8])) for i in range(steps)]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_gradient_tape_replicas_bitwise_identical_after_100_steps(spec, assert_identical_across_ranks):
+    model = make_model()
+    compression = hvds.Compression.from_spec(spec, dense_below=100)
+    opt = tf.keras.optimizers.SGD(0.05, momentum=0.0 if spec.startswith("dgc") else 0.9)
+    start, losses = train_with_tape(model, compression, opt)
     params = flat_weights(model)
     assert_identical_across_ranks(params)
     assert not np.allclose(params, start)

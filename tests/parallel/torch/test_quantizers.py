@@ -16,7 +16,7 @@ import horovod_sparse
 import horovod_sparse.torch as hvds
 from horovod_sparse.layout import GradientLayout
 
-from test_sparsifiers import SHAPES, exchange, flat_parameters, train
+from test_sparsifiers import SHAPES, demo_model_bytes, exchange, flat_parameters, train
 
 SPECS = ["bf16", "qsgd", "qsgd:method=allgather", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
          "powersgd:rank=2", "fft", "fft:exchange=oktopk"]
@@ -88,23 +88,6 @@ def test_checkpoint_resume_is_bitwise_identical(spec):
     np.testing.assert_array_equal(flat_parameters(model2), uninterrupted)
 
 
-def demo_model_bytes(spec, steps=5):
-    """Mean bytes this rank sent per step, and a dense ring allreduce's, for the demo's model."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))  # the demo's model
-    compression = hvds.Compression.from_spec(spec)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                   named_parameters=model.named_parameters(), compression=compression)
-    sent = []
-    for _ in range(steps):
-        opt.zero_grad()
-        model(torch.randn(16, 64)).pow(2).mean().backward()
-        opt.step()
-        sent.append(compression.bytes_sent_per_step(hvd.size()))
-    dense_ring = 2 * (hvd.size() - 1) / hvd.size() * compression.dense_bytes_per_step
-    return float(np.mean(sent)), dense_ring
-
-
 # Bits per weight value on the wire, and the exchange's factor (bytes sent per rank for a
 # vector of B bytes): alltoall sends ~2(P-1)/P B like the ring, allgather (P-1) B.
 N_WEIGHTS, N_SMALL = 64 * 128 + 128 * 10, 128 + 10
@@ -119,7 +102,7 @@ def ring(P):
 def test_quantizer_bytes_follow_their_bit_width(spec, bits):
     """Sent bytes = the codes (bits per value, rounded up per chunk, plus per-chunk headers of at
     most 64 bytes) through the alltoall exchange, plus Horovod's ring share for biases and probes."""
-    sent, dense_ring = demo_model_bytes(spec)
+    sent, dense_ring = demo_model_bytes(spec, steps=5)
     P = hvd.size()
     codes = ring(P) * (N_WEIGHTS * bits / 8 + 64 * P)
     horovod = ring(P) * (N_SMALL + 2) * 4
@@ -128,7 +111,7 @@ def test_quantizer_bytes_follow_their_bit_width(spec, bits):
 
 
 def test_powersgd_bytes_are_the_low_rank_factors():
-    sent, dense_ring = demo_model_bytes("powersgd:rank=2")
+    sent, dense_ring = demo_model_bytes("powersgd:rank=2", steps=5)
     P, r = hvd.size(), 2
     factors = r * (64 + 128) + r * (128 + 10)  # both weight matrices are compressed at rank 2
     bound = ring(P) * factors * 4 + ring(P) * (N_SMALL + 2) * 4 + 256 * P
