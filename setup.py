@@ -12,7 +12,7 @@ setup(
     python_requires=">=3.9",
     # Horovod itself is not listed: its last release needs patches to build against current
     # torch and TensorFlow; scripts/build_horovod.sh builds it (make install does).
-    install_requires=["numpy", "mpi4py>=3.1"],
+    install_requires=["numpy", "mpi4py>=3.1", "array-api-compat"],
     extras_require={
         "torch": ["torch>=2.0"],
         "tensorflow": ["tensorflow>=2.12", "tf-keras"],
