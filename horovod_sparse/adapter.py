@@ -4,8 +4,11 @@ to one framework's ops and to the per-tensor state.
 A frontend subclass decides only how a gradient is identified (its slot key), since
 Horovod's ``compress(tensor)`` carries no name; everything else is here.
 """
+import inspect
+
 from horovod_sparse import registry
 from horovod_sparse.compressors.base import WIRE_DTYPE
+from horovod_sparse.horovod_checks import caller_process_set, check_same_on_every_rank, communicator_of
 from horovod_sparse.state import CompressorState
 
 
@@ -23,6 +26,7 @@ class CompressorAdapter:
         self.algorithm = algorithm
         self.state = CompressorState()
         self._pending = {}  # slot key -> (residual, step) loaded before the slot existed
+        self._agreed = False  # parameters checked across ranks (once, at the first compress)
 
     @classmethod
     def from_spec(cls, spec, **params):
@@ -32,10 +36,16 @@ class CompressorAdapter:
     def compress_slot(self, tensor, key):
         """Compress ``tensor`` as the gradient identified by ``key``; returns ``(payload, ctx)``."""
         ops = self.ops
+        if not self._agreed:
+            check_same_on_every_rank(self.algorithm, communicator_of(caller_process_set()))
+            self._agreed = True
         if key is None:  # no identity for this gradient: only stateless compressors can run
             return self.algorithm.compress(ops, tensor, None)
         dtype = ops.dtype_name(tensor)
-        slot = self.state.get(key, ops.shape(tensor), dtype)
+        # A stateless compressor has nothing to mix up when the order of gradients changes
+        # (a parameter without a gradient this step, synchronize() then step()): its slot
+        # only counts bytes, so it is replaced instead of checked.
+        slot = self.state.get(key, ops.shape(tensor), dtype, replace=not self.algorithm.stateful)
         if self.algorithm.stateful and slot.residual is None:
             ops.init_slot(slot, WIRE_DTYPE.get(dtype, dtype), like=tensor)
             if key in self._pending:
@@ -118,14 +128,50 @@ def make_compression_namespace(adapter_cls, sparse_cls, doc):
     namespace = {"__doc__": doc, "available": staticmethod(registry.available),
                  "from_spec": staticmethod(from_spec)}
     for name in registry.available():
-        namespace[name] = staticmethod(_factory(build, name))
+        namespace[name] = CompressorFactory(build, name)
     return type("Compression", (), namespace)
 
 
-def _factory(build, name):
-    def factory(**params):
-        return build(name, **params)
+class CompressorFactory:
+    """``Compression.<name>``: call it to make a compressor, ``Compression.topk(density=0.01)``.
 
-    factory.__name__ = name
-    factory.__doc__ = registry.get(name).__doc__
-    return factory
+    Horovod users pass its own compressors uncalled (``compression=hvd.Compression.fp16``).
+    The stateless ones here work the same way (one shared default instance does the work);
+    a compressor with per-optimizer state (residuals, seeds, exchanges) must be made by a
+    call, and used uncalled it fails at its first ``compress`` with a message that says so.
+
+    Example::
+
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvds.Compression.fp16)       # like Horovod's
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvds.Compression.topk(density=0.01))
+    """
+
+    def __init__(self, build, name):
+        self._build, self.name = build, name
+        self.__doc__ = registry.get(name).__doc__
+        self._shared = None  # the default instance of a stateless compressor, made on first use
+
+    def __call__(self, **params):
+        return self._build(self.name, **params)
+
+    def _uncalled(self):
+        cls = registry.get(self.name)
+        if cls.stateful or getattr(cls, "fused", False):
+            example = ", ".join(f"{p.name}={p.default!r}" for p in
+                                list(inspect.signature(cls.__init__).parameters.values())[1:2])
+            raise TypeError(f"Compression.{self.name} was passed without calling it: it keeps state per "
+                            f"optimizer, so make one with a call, e.g. compression=Compression.{self.name}({example})")
+        if self._shared is None:
+            self._shared = self()
+        return self._shared
+
+    def compress(self, tensor, *args, **kwargs):
+        return self._uncalled().compress(tensor, *args, **kwargs)
+
+    def decompress(self, tensor, ctx, *args, **kwargs):
+        return self._uncalled().decompress(tensor, ctx, *args, **kwargs)
+
+    def __repr__(self):
+        return f"Compression.{self.name}"

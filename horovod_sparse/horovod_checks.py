@@ -33,3 +33,51 @@ def check_caller(name, adasum_op, adasum_code=None, depth=4):
             raise ValueError(f"{name} supports only the global process set, got process set "
                              f"{process_set.process_set_id}")
         frame = frame.f_back
+
+
+def caller_process_set(depth=8):
+    """The Horovod process set of the code calling a compressor (None if it uses the global
+    one or none is visible): Horovod keeps it in ``process_set`` or ``self.process_set``."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        local = frame.f_locals
+        process_set = local.get("process_set", getattr(local.get("self"), "process_set", None))
+        if getattr(process_set, "process_set_id", None) is not None:
+            return process_set if process_set.process_set_id != 0 else None
+        frame = frame.f_back
+    return None
+
+
+_COMMS = {}
+
+
+def communicator_of(process_set):
+    """A private mpi4py communicator of the ranks of ``process_set`` (None: all ranks), in the
+    set's rank order; made once per set (collective over the set's ranks only)."""
+    from mpi4py import MPI
+    ranks = None if process_set is None else tuple(int(r) for r in process_set.ranks)
+    if ranks not in _COMMS:
+        world = MPI.COMM_WORLD
+        _COMMS[ranks] = world.Dup() if ranks is None else world.Create_group(world.Get_group().Incl(list(ranks)))
+    return _COMMS[ranks]
+
+
+def check_same_on_every_rank(algorithm, comm):
+    """Raise ValueError on every rank of ``comm`` unless all pass the same compressor
+    (name, parameters and seed: ``algorithm.spec``). Compressors that ride Horovod's own
+    allreduce (random-k's shared indices) would otherwise train on with drifting replicas.
+    One Allgather of lengths and one Allgatherv of the spec strings, once per compressor."""
+    import numpy as np
+    mine = np.frombuffer(algorithm.spec.encode(), dtype=np.uint8)
+    lengths = np.empty(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(np.array([mine.size], dtype=np.int64), lengths)
+    specs = np.empty(int(lengths.sum()), dtype=np.uint8)
+    comm.Allgatherv(mine, (specs, lengths))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    every = [specs[offsets[r]:offsets[r + 1]].tobytes().decode() for r in range(comm.Get_size())]
+    if any(spec != every[0] for spec in every):
+        listing = "; ".join(f"rank {r}: {spec}" for r, spec in enumerate(every))
+        raise ValueError(f"the ranks passed different compressors or parameters ({listing}): "
+                         "pass the same compression, with the same seed, on every rank")

@@ -49,11 +49,15 @@ class CompressorState:
     """
     slots: Dict[Hashable, Slot] = field(default_factory=dict)
 
-    def get(self, key, shape, dtype):
-        """The slot for ``key``, created on first use; checks shape and dtype."""
+    def get(self, key, shape, dtype, replace=False):
+        """The slot for ``key``, created on first use; checks shape and dtype (or, with
+        ``replace``, starts a new slot where they changed: for stateless compressors)."""
         slot = self.slots.get(key)
+        if slot is not None and replace and (slot.shape != tuple(shape) or slot.dtype != dtype):
+            slot = None
         if slot is None:
-            slot = Slot(key=key, stream=len(self.slots), shape=tuple(shape), dtype=dtype)
+            slot = Slot(key=key, stream=self.slots[key].stream if key in self.slots else len(self.slots),
+                        shape=tuple(shape), dtype=dtype)
             self.slots[key] = slot
         elif slot.shape != tuple(shape) or slot.dtype != dtype:
             raise ValueError(

@@ -12,6 +12,7 @@ stock ``hvd.DistributedOptimizer``.
 """
 import argparse
 import statistics
+import sys
 import time
 
 import horovod
@@ -92,22 +93,27 @@ def train_one(run, data, epochs, batch_size, lr, momentum):
                 identical=identical, steps=len(step_times))
 
 
-def print_table(rows, size, epochs):
-    from rich.console import Console
-    from rich.table import Table
+def say(text):
+    """Print whole lines in one write: horovodrun tags each chunk of a rank's output
+    (``[1,0]<stdout>:``), so a line written in pieces gets a tag in its middle."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
-    table = Table(title=f"digits MLP, {size} ranks, {epochs} epochs, {rows[0]['steps']} steps "
-                        f"(Horovod {horovod.__version__}, MPI, CPU)")
-    for column in ["compression", "test acc", "sent B/rank/step", "vs dense", "median step ms",
-                   "replicas identical"]:
-        table.add_column(column, justify="left" if column == "compression" else "right")
-    for r in rows:
-        table.add_row(r["run"], f"{r['accuracy']:.4f}", f"{r['sent']:,.0f}", f"{r['dense'] / max(r['sent'], 1):.1f}x",
-                      f"{r['median_ms']:.2f}", "yes" if r["identical"] else "NO")
-    Console(width=140, color_system=None).print(table)
-    print("sent: bytes this rank sends per step (last step). What Horovod's allreduce carries is counted as a "
-          "ring allreduce sends it, 2(P-1)/P x payload; the sparse exchanges' bytes are counted on the wire, "
-          "control messages included. Dense: a ring allreduce of all gradients.")
+
+def print_table(rows, size, epochs):
+    """A plain ASCII table, one print per line: horovodrun prefixes every chunk of a rank's output
+    with a tag such as ``[1,0]<stdout>:``, and it cuts wide lines and multi-byte box characters."""
+    say(f"digits MLP, {size} ranks, {epochs} epochs, {rows[0]['steps']} steps "
+        f"(Horovod {horovod.__version__}, MPI, CPU)")
+    header = ["compression", "test acc", "sent B/rank/step", "vs dense", "step ms", "identical"]
+    lines = [[r["run"], f"{r['accuracy']:.4f}", f"{r['sent']:,.0f}", f"{r['dense'] / max(r['sent'], 1):.1f}x",
+              f"{r['median_ms']:.2f}", "yes" if r["identical"] else "NO"] for r in rows]
+    widths = [max(len(cells[i]) for cells in [header, *lines]) for i in range(len(header))]
+    for cells in [header, ["-" * w for w in widths], *lines]:
+        say("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+    say("sent: bytes this rank sends per step (last step). What Horovod's allreduce carries is counted\n"
+        "as a ring allreduce sends it, 2(P-1)/P x payload; the sparse exchanges' bytes are counted on\n"
+        "the wire, control messages included. Dense: a ring allreduce of all gradients.")
 
 
 def main():
@@ -127,7 +133,7 @@ def main():
     for run in args.runs:
         rows.append(train_one(run, data, args.epochs, args.batch_size, args.lr, args.momentum))
         if hvd.rank() == 0:
-            print(f"  {run}: test accuracy {rows[-1]['accuracy']:.4f}", flush=True)
+            say(f"  {run}: test accuracy {rows[-1]['accuracy']:.4f}")
     if hvd.rank() == 0:
         print_table(rows, hvd.size(), args.epochs)
     if not all(r["identical"] for r in rows):
