@@ -1,0 +1,7 @@
+"""Benchmarks that run the package the way users do.
+
+:mod:`horovod_sparse.bench.step` times the end-to-end training step through the stock
+``hvd.DistributedOptimizer`` (PyTorch) for every compressor side by side with Horovod's
+dense allreduce; ``scripts/bench_step.py`` runs it over emulated links and writes
+``docs/performance.md``.
+"""

@@ -1,0 +1,455 @@
+"""End-to-end training step, every compressor side by side with dense, through the stock
+``hvd.DistributedOptimizer`` (PyTorch). Run it under MPI, one process per rank:
+
+    mpirun -np 2 python -m horovod_sparse.bench.step --models mlp5 mlp30 --out results/step.jsonl
+    python scripts/netem.py --rate 1gbit -np 2 -- python -m horovod_sparse.bench.step --link 1gbit
+
+(``scripts/bench_step.py`` does the second for every link and writes docs/performance.md.)
+
+Per model, round and compressor: a fresh model (same seed on every rank, then
+``hvd.broadcast_parameters``), a fresh plain SGD and a fresh compressor; ``--warmup``
+untimed steps, then ``--steps`` timed steps, each as ``Barrier(); forward + backward;
+opt.step()``, timed with ``time.perf_counter``. Each step's times are the maximum over
+ranks; the record holds medians over all timed steps of all rounds. ``--rounds R``
+repeats the whole compressor list R times, interleaved, so that a slow spell of a shared
+machine hits every compressor alike. After the last step the ranks compare a hash of
+their parameters (``replicas_identical``).
+
+Also measured in the same run, per model: one copy of a float32 buffer as large as the
+model (``copy_ms``, the memory bound of any pass over the gradient), and the bytes a ring
+allreduce sends per rank per step (``dense_bytes`` = 2 n (P-1)/P * 4) over the link rate
+(``link_ms``, the link bound of dense; null on loopback).
+
+Rank 0 prints one line per run and appends one JSON object per (model, compressor) to
+``--out``. An error in one compressor is recorded and the next one runs; if the ranks
+disagree about an error (a collective may be left half done) or a run exceeds
+``--timeout``, the job writes what it has and stops.
+
+Importing this module imports only the standard library: torch, Horovod and mpi4py are
+imported by :func:`run`, so the argument parsing can be used (and tested) without them.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import socket
+import statistics
+import sys
+import threading
+import time
+
+RATE_ENV = "HSP_NETEM_RATE"            # set by scripts/netem.py
+DRIVER_ENV = "HSP_BENCH_DRIVER_COMMAND"  # set by scripts/bench_step.py, recorded as is
+
+#: Horovod's own compressors, by the names this benchmark gives them.
+HOROVOD_COMPRESSORS = {"dense": "none", "hvd-none": "none", "hvd-fp16": "fp16"}
+
+#: Every compressor, at density 0.01 for the sparsifiers. threshold: 1.5e-5 keeps about 1% of
+#: mlp5's first gradient with this data (|g| quantiles: 50% 1.8e-6, 99% 1.6e-5, 99.9% 2.6e-5).
+DEFAULT_COMPRESSORS = (
+    "dense", "hvd-fp16",
+    "topk:density=0.01", "oktopk:density=0.01", "gtopk:density=0.01",
+    "gaussiank:density=0.01", "dgc:density=0.01", "randomk:density=0.01", "threshold:value=1.5e-5",
+    "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "fft",
+)
+
+#: name -> (description, batch); the layers are built by :func:`build_model`.
+MODELS = {
+    "mlp5": ("5 Linear 4096-2048-2048-2048-2048-4096, ReLU, MSE", 16),
+    "mlp30": ("30 Linear 256-256, ReLU, MSE", 32),
+    "cnn": ("4 Conv3x3 (32,32,64,64) + 2 Linear (4096-256-10) on 3x32x32, MSE", 32),
+}
+
+_TC_RATE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)(i?)(bit|bps)$")
+_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+# --------------------------------------------------------------------------- arguments
+def link_bps(link: str) -> float | None:
+    """Bits per second of a ``tc`` rate (``1gbit``, ``100mbit``, ``10gibit``, ``125mbps``);
+    None for loopback. ``bit`` units are bits/s, ``bps`` bytes/s, as in tc."""
+    text = link.strip().lower()
+    if text in ("loopback", "none", "lo", "unknown"):
+        return None
+    m = _TC_RATE.match(text)
+    if not m:
+        raise ValueError(f"bad link rate {link!r}: use a tc rate such as 1gbit, 10gbit, or loopback")
+    base = 1024 if m.group(3) else 1000
+    return float(m.group(1)) * base ** _POWER[m.group(2)] * (8 if m.group(4) == "bps" else 1)
+
+
+def _link(text: str) -> str:
+    try:
+        link_bps(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    t = text.strip().lower()
+    return "loopback" if t in ("none", "lo") else t
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _non_negative(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m horovod_sparse.bench.step",
+        description="Time the training step through hvd.DistributedOptimizer for each compressor "
+                    "(run under mpirun; rank 0 prints and writes JSON lines).")
+    p.add_argument("--models", nargs="+", default=["mlp5", "mlp30"], choices=sorted(MODELS),
+                   help="models to run, in order (default: mlp5 mlp30)")
+    p.add_argument("--compressors", nargs="+", default=list(DEFAULT_COMPRESSORS), metavar="SPEC",
+                   help="'dense' (Horovod's Compression.none), 'hvd-fp16' (Horovod's fp16), or a "
+                        "horovod_sparse spec such as oktopk:density=0.01 (default: all, see --list)")
+    p.add_argument("--steps", type=_positive, default=10, help="timed steps per round (default 10)")
+    p.add_argument("--warmup", type=_non_negative, default=3, help="untimed steps first (default 3)")
+    p.add_argument("--rounds", type=_positive, default=1,
+                   help="repeat the compressor list this many times, interleaved; medians over "
+                        "all timed steps (default 1)")
+    p.add_argument("--lr", type=float, default=1e-3, help="plain SGD learning rate, momentum 0 (default 1e-3)")
+    p.add_argument("--seed", type=int, default=0, help="model seed (data: seed + 1000 * (rank + 1))")
+    p.add_argument("--link", type=_link, default=None,
+                   help=f"the link's tc rate, for the record and the link bound (default: ${RATE_ENV} "
+                        "set by scripts/netem.py, else loopback)")
+    p.add_argument("--copy-repeats", type=_positive, default=10,
+                   help="timed copies for the memory bound (default 10)")
+    p.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds one compressor run (warm-up + timed steps) may take before the "
+                        "job writes what it has and aborts (default 900)")
+    p.add_argument("--out", default=None, help="append JSON lines here (rank 0)")
+    p.add_argument("--note", default="", help="free text stored in every record (e.g. 'harness check')")
+    p.add_argument("--list", action="store_true", help="print the default compressor list and exit")
+    return p
+
+
+def parse_args(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.link is None:
+        args.link = _link(os.environ.get(RATE_ENV, "loopback"))
+    return args
+
+
+def is_horovod_spec(spec: str) -> bool:
+    return spec in HOROVOD_COMPRESSORS
+
+
+# ------------------------------------------------------------------------- statistics
+def median_or_none(values):
+    return statistics.median(values) if values else None
+
+
+def dense_bytes(n_params: int, world_size: int, itemsize: int = 4) -> float:
+    """Bytes a rank sends in a ring allreduce of n_params values: 2 n (P-1)/P * itemsize."""
+    return 0.0 if world_size <= 1 else 2.0 * n_params * (world_size - 1) / world_size * itemsize
+
+
+def link_ms(nbytes: float, link: str) -> float | None:
+    bps = link_bps(link)
+    return None if bps is None else nbytes * 8 / bps * 1e3
+
+
+def summarize(times, error=None):
+    """Medians (ms) of the per-step maxima over ranks. ``times``: list of (fwd_bwd_s, step_s)."""
+    fb = [t[0] * 1e3 for t in times]
+    st = [t[1] * 1e3 for t in times]
+    tot = [(a + b) * 1e3 for a, b in times]
+    return {"fwd_bwd_ms": median_or_none(fb), "step_ms": median_or_none(st),
+            "total_ms": median_or_none(tot), "total_ms_min": min(tot) if tot else None,
+            "total_ms_max": max(tot) if tot else None, "steps": len(times),
+            "total_ms_steps": [round(t, 3) for t in tot], "error": error}
+
+
+def add_vs_dense(records):
+    """vs_dense = dense total / this total, per model, from the 'dense' record of the same run."""
+    dense = {r["model"]: r["total_ms"] for r in records if r["compressor"] == "dense" and r["total_ms"]}
+    for r in records:
+        d = dense.get(r["model"])
+        r["vs_dense"] = d / r["total_ms"] if d and r["total_ms"] else None
+    return records
+
+
+def format_line(r) -> str:
+    """One readable progress line (a finished record or a round's partial one)."""
+    def ms(v):
+        return "-" if v is None else f"{v:.0f}"
+    ident = {True: "yes", False: "NO", None: "?"}[r.get("replicas_identical")]
+    line = (f"[step] {r['model']} P={r['np']} {r['link']} {r['compressor']}: fwd+bwd {ms(r['fwd_bwd_ms'])} ms"
+            f"  opt.step {ms(r['step_ms'])} ms  step {ms(r['total_ms'])} ms  identical {ident}")
+    if r.get("vs_dense") is not None:
+        line += f"  {r['vs_dense']:.2f}x dense"
+    if r.get("error"):
+        line += f"  ERROR {r['error']}"
+    return line
+
+
+# ------------------------------------------------------------------------------ models
+def build_model(name: str):
+    """(model, input shape without batch, output features)."""
+    from torch import nn
+    if name == "mlp5":
+        widths = [4096, 2048, 2048, 2048, 2048, 4096]
+    elif name == "mlp30":
+        widths = [256] * 31
+    elif name == "cnn":
+        model = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(64 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 10))
+        return model, (3, 32, 32), 10
+    else:
+        raise ValueError(f"unknown model {name!r}; have {sorted(MODELS)}")
+    layers = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(widths) - 2 else [])
+    return nn.Sequential(*layers), (widths[0],), widths[-1]
+
+
+# ------------------------------------------------------------------------------- run
+class Bench:
+    """One rank's state: Horovod, a private mpi4py communicator, the watchdog."""
+
+    def __init__(self, args):
+        import horovod.torch as hvd
+        import torch
+        hvd.init()
+        from mpi4py import MPI   # after hvd.init(): Horovod initialises MPI (thread multiple)
+        self.args, self.hvd, self.torch, self.MPI = args, hvd, torch, MPI
+        self.comm = MPI.COMM_WORLD.Dup()   # ours alone, beside Horovod's
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.partial = {}   # spec -> this model's record, accumulated over the rounds
+
+    # -- helpers ---------------------------------------------------------------------
+    def say(self, text):
+        if self.rank == 0:
+            print(text, flush=True)
+
+    def max_over_ranks(self, values):
+        import numpy as np
+        a = np.asarray(values, dtype=np.float64)
+        out = np.empty_like(a)
+        self.comm.Allreduce(a, out, op=self.MPI.MAX)
+        return out
+
+    def make_compression(self, spec):
+        if is_horovod_spec(spec):
+            return getattr(self.hvd.Compression, HOROVOD_COMPRESSORS[spec])
+        import horovod_sparse.torch as hvds
+        return hvds.Compression.from_spec(spec)
+
+    def params_digest(self, model):
+        import numpy as np
+        flat = np.concatenate([p.detach().cpu().numpy().ravel() for p in model.parameters()])
+        return hashlib.blake2b(flat.tobytes(), digest_size=16).hexdigest()
+
+    def copy_ms(self, n):
+        """Median over repeats of the max over ranks of one float32 copy of n elements
+        (both ranks copy at once, as they compute at once in training)."""
+        torch = self.torch
+        src, dst = torch.randn(n), torch.empty(n)
+        times = []
+        for i in range(self.args.copy_repeats + 1):
+            self.comm.Barrier()
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(self.max_over_ranks(times[1:]).tolist()) * 1e3
+
+    # -- one compressor, one round ----------------------------------------------------
+    def run_one(self, model_name, spec):
+        """Returns (times [(fwd_bwd_s, step_s)], digest, bytes_sent, error message or None)."""
+        torch, hvd, args = self.torch, self.hvd, self.args
+        times, digest, sent, error, compression = [], None, None, None, None
+        try:
+            torch.manual_seed(args.seed)               # same initial model everywhere ...
+            model, in_shape, out_features = build_model(model_name)
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)   # ... and made sure of
+            gen = torch.Generator().manual_seed(args.seed + 1000 * (self.rank + 1))
+            batch = MODELS[model_name][1]
+            x = torch.randn((batch,) + in_shape, generator=gen)
+            y = torch.randn(batch, out_features, generator=gen)
+            compression = self.make_compression(spec)
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0),
+                                           named_parameters=model.named_parameters(),
+                                           compression=compression)
+            loss_fn = torch.nn.MSELoss()
+            for i in range(args.warmup + args.steps):
+                self.comm.Barrier()    # every step starts together; not timed
+                t0 = time.perf_counter()
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()   # Horovod's hooks call compress here
+                t1 = time.perf_counter()
+                opt.step()                        # synchronize(): exchanges, decompress, SGD
+                t2 = time.perf_counter()
+                if i >= args.warmup:
+                    times.append((t1 - t0, t2 - t1))
+            digest = self.params_digest(model)
+            per_step = getattr(compression, "bytes_sent_per_step", None)
+            if callable(per_step):
+                try:
+                    sent = float(per_step(self.size))
+                except Exception:   # accounting is optional; never fail a run for it
+                    sent = None
+        except Exception as e:   # recorded; the caller decides whether the job can go on
+            error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        finally:
+            close = getattr(compression, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as e:
+                    error = error or f"close: {type(e).__name__}: {e}"[:300]
+        return times, digest, sent, error
+
+    # -- the watchdog ---------------------------------------------------------------
+    def _start_watchdog(self, what, spec):
+        def fire():
+            print(f"[step] rank {self.rank}: {what} exceeded --timeout {self.args.timeout:.0f} s; "
+                  "writing what was measured and aborting the job", flush=True)
+            try:
+                if self.rank == 0:
+                    self.flush_partial(spec, f"timeout after {self.args.timeout:.0f} s (job aborted)")
+                else:
+                    time.sleep(10)   # let rank 0 write first: Abort kills every rank
+            finally:
+                self.MPI.COMM_WORLD.Abort(3)
+        timer = threading.Timer(self.args.timeout, fire)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def flush_partial(self, spec, reason):
+        """Write the records still being accumulated (rank 0), the one of ``spec`` marked
+        with ``reason``; the others keep the steps measured so far."""
+        pending = list(self.partial.values())
+        if spec in self.partial:
+            self.partial[spec]["error"] = self.partial[spec]["error"] or reason
+        self.write(add_vs_dense(pending))
+        self.partial = {}
+
+    def write(self, records):
+        if self.rank == 0 and self.args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(self.args.out)), exist_ok=True)
+            with open(self.args.out, "a") as f:
+                for r in records:
+                    f.write(json.dumps(r) + "\n")
+
+    # -- one model ------------------------------------------------------------------
+    def base_record(self, model_name, n_params, n_tensors, copy_ms):
+        import horovod
+        a = self.args
+        nbytes = dense_bytes(n_params, self.size)
+        return {
+            "bench": "step", "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "model": model_name, "model_desc": MODELS[model_name][0], "params": n_params,
+            "tensors": n_tensors, "batch": MODELS[model_name][1], "np": self.size, "link": a.link,
+            "link_bps": link_bps(a.link), "warmup": a.warmup, "steps_per_round": a.steps,
+            "rounds": a.rounds, "lr": a.lr, "copy_ms": copy_ms, "dense_bytes": nbytes,
+            "link_ms": link_ms(nbytes, a.link), "threads": self.torch.get_num_threads(),
+            "host": socket.gethostname(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": self.torch.__version__, "horovod": horovod.__version__, "note": a.note,
+            "command": shlex.join(["python", "-m", "horovod_sparse.bench.step"] + sys.argv[1:]),
+            "driver_command": os.environ.get(DRIVER_ENV),
+        }
+
+    def run_model(self, model_name):
+        """All rounds of all compressors on one model. Returns False if the job must stop."""
+        a = self.args
+        model, _, _ = build_model(model_name)
+        n_params = sum(p.numel() for p in model.parameters())
+        n_tensors = sum(1 for _ in model.parameters())
+        del model
+        copies = []
+        self.say(f"[step] model {model_name}: {n_params:,} parameters in {n_tensors} tensors, "
+                 f"batch {MODELS[model_name][1]}, P={self.size}, link {a.link}, "
+                 f"{a.rounds} round(s) x {len(a.compressors)} compressors x ({a.warmup} + {a.steps}) steps")
+        times = {spec: [] for spec in a.compressors}
+        self.partial = {}
+        ok = True
+        for rnd in range(a.rounds):
+            copies.append(self.copy_ms(n_params))   # per round: it drifts like the rest
+            if rnd == 0:
+                base = self.base_record(model_name, n_params, n_tensors, copies[0])
+                self.say(f"[step] bounds: one copy of {n_params * 4 / 1e6:.1f} MB {copies[0]:.1f} ms; "
+                         f"dense sends {base['dense_bytes'] / 1e6:.1f} MB/rank/step"
+                         + (f" = {base['link_ms']:.0f} ms at {a.link}" if base["link_ms"] else ""))
+            for spec in a.compressors:
+                rec = self.partial.setdefault(spec, {**base, "compressor": spec, **summarize([]),
+                                                     "replicas_identical": None, "bytes_sent_per_step": None})
+                if rec["error"] is not None:
+                    continue   # failed in an earlier round: do not retry
+                watchdog = self._start_watchdog(f"{model_name} {spec} round {rnd + 1}", spec)
+                try:
+                    mine, digest, sent, error = self.run_one(model_name, spec)
+                    verdicts = self.comm.allgather((error, digest))
+                finally:
+                    watchdog.cancel()
+                errors = [e for e, _ in verdicts]
+                if not any(errors):   # decided on the gathered verdicts: the same on every rank
+                    times[spec].extend(tuple(t) for t in self.max_over_ranks(mine).tolist())
+                rec["copy_ms"] = statistics.median(copies)
+                if is_horovod_spec(spec):   # Horovod counts nothing: its ring allreduce's bytes
+                    sent = base["dense_bytes"] / (2 if spec == "hvd-fp16" else 1)
+                rec["bytes_sent_per_step"] = sent
+                if any(errors):
+                    rec["error"] = next(e for e in errors if e)
+                    if len(set(errors)) > 1:   # not every rank failed alike: Horovod may be stuck
+                        rec["error"] += " (ranks disagree; job stopped)"
+                        ok = False
+                else:
+                    same = len({d for _, d in verdicts}) == 1
+                    rec["replicas_identical"] = same and rec["replicas_identical"] is not False
+                rec.update(summarize(times[spec], rec["error"]))
+                rec["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+                self.say(format_line(rec) + (f"  (round {rnd + 1}/{a.rounds})" if a.rounds > 1 else ""))
+                if not ok:
+                    break
+            if not ok:
+                break
+        records = add_vs_dense(list(self.partial.values()))
+        self.partial = {}
+        self.write(records)
+        self.say(f"[step] summary {model_name}, P={self.size}, link {a.link}, medians of "
+                 f"{a.rounds} x {a.steps} steps:")
+        for r in records:
+            self.say(format_line(r))
+        return ok
+
+
+def run(args) -> int:
+    bench = Bench(args)
+    if bench.rank == 0 and args.out:
+        print(f"[step] appending records to {args.out}", flush=True)
+    for model_name in args.models:
+        if not bench.run_model(model_name):
+            bench.say("[step] stopping: a run failed on some ranks only, Horovod may be left mid-collective")
+            return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        print("\n".join(DEFAULT_COMPRESSORS))
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
