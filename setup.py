@@ -9,6 +9,9 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["horovod_sparse", "horovod_sparse.*"]),
+    # the NetAI'20 traces behind `horovod-sparse whatif netai:<model>`
+    package_data={"horovod_sparse.whatif": ["netai/*.log", "netai/README.md"]},
+    entry_points={"console_scripts": ["horovod-sparse=horovod_sparse.cli:main"]},
     python_requires=">=3.9",
     # Horovod itself is not listed: its last release needs patches to build against current
     # torch and TensorFlow; scripts/build_horovod.sh builds it (make install does).

@@ -1,0 +1,312 @@
+"""The ``horovod-sparse`` command line.
+
+    horovod-sparse list                                   # compressors and their parameters
+    horovod-sparse profile --model horovod_sparse.whatif.models:mlp5 --batch 16 -o mlp5.json
+    horovod-sparse whatif mlp5.json --workers 8 16 64 --bandwidth 1 10 25 100 --plot mlp5.png
+    horovod-sparse whatif netai:vgg16 --ratio 1 2 5 10 50 100 --workers 16 32 64 \\
+        --bandwidth 1 10 25 40 100 --rule netai --no-latency --no-codec-cost   # the paper's model
+    horovod-sparse bench --links loopback 1gbit --models mlp5   # scripts/bench_step.py's flags
+
+Bad arguments exit with code 2 and a message saying what is wrong (argparse's convention).
+Same as ``python -m horovod_sparse.cli``.
+"""
+import argparse
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+PROG = "horovod-sparse"
+
+
+# ------------------------------------------------------------------ argument types
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _nonnegative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+# --------------------------------------------------------------------------- parser
+def build_parser():
+    from horovod_sparse.whatif.model import DEFAULT_LATENCY_S, RULES
+    from horovod_sparse.whatif.profile import DEFAULT_COMPRESSORS
+
+    p = argparse.ArgumentParser(prog=PROG, description="Gradient compressors for Horovod: list them, "
+                                "profile a model, predict whether compression pays, run the step benchmark.")
+    sub = p.add_subparsers(dest="command", metavar="{list,profile,whatif,bench}")
+    sub.required = True
+
+    sub.add_parser("list", help="the compressors, their parameters and defaults")
+
+    pr = sub.add_parser("profile", help="measure a model's backward trace and each compressor's cost here",
+                        description="Measure a PyTorch model's per-gradient backward times and every "
+                        "compressor's compress+decompress cost on this device; write a JSON trace. "
+                        "--model names a factory returning a torch.nn.Module with example_batch(B), or "
+                        "(model, make_batch) or (model, make_batch, loss_fn); make_batch(B) returns "
+                        "(x, y) or x. See docs/whatif.md.")
+    pr.add_argument("--model", required=True, metavar="PKG.MODULE:FACTORY",
+                    help="e.g. horovod_sparse.whatif.models:mlp5")
+    pr.add_argument("--batch", required=True, type=_positive_int, help="batch size per worker")
+    pr.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    pr.add_argument("-o", "--output", required=True, metavar="TRACE.json")
+    pr.add_argument("--compressors", nargs="*", default=list(DEFAULT_COMPRESSORS), metavar="SPEC",
+                    help="specs to cost (default: the step benchmark's list; none: backward only)")
+    pr.add_argument("--steps", type=_positive_int, default=5, help="timed steps (default 5)")
+    pr.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    pr.add_argument("--repeats", type=_positive_int, default=3, help="timed codec steps (default 3)")
+    pr.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
+    pr.add_argument("--name", help="model name stored in the trace (default: the factory's)")
+    pr.add_argument("--quiet", action="store_true", help="no progress output")
+
+    wi = sub.add_parser("whatif", help="predict step time and scaling with each compressor",
+                        description="Predict the step time, the communication overhead beyond backward, "
+                        "the scaling factor t_batch/(t_batch+overhead) and the speed-up over dense, per "
+                        "compressor (or plain compression ratio), cluster size and link; recommend one.")
+    wi.add_argument("trace", metavar="TRACE", help="a JSON trace from `profile`, a NetAI .bk.log, or "
+                    "netai:resnet50 / netai:resnet101 / netai:vgg16")
+    wi.add_argument("--workers", nargs="+", type=_positive_int, default=[8, 16, 64], metavar="P")
+    wi.add_argument("--bandwidth", nargs="+", type=_positive_float, default=[1.0, 10.0, 25.0, 100.0],
+                    metavar="GBPS", help="per-worker link, Gbit/s (1e9 bit/s)")
+    wi.add_argument("--latency", type=_nonnegative_float, default=DEFAULT_LATENCY_S, metavar="SECONDS",
+                    help=f"per message round (default {DEFAULT_LATENCY_S:g})")
+    wi.add_argument("--cost", nargs=2, type=float, metavar=("A", "B"),
+                    help="instead of --bandwidth/--latency: a measured ring allreduce cost "
+                    "A + B*M (seconds, seconds per byte) at --cost-workers ranks")
+    wi.add_argument("--cost-workers", type=_positive_int, metavar="P",
+                    help="ranks --cost was measured at (default: the first --workers)")
+    what = wi.add_mutually_exclusive_group()
+    what.add_argument("--compressors", nargs="+", metavar="SPEC", help="default: the trace's")
+    what.add_argument("--ratio", nargs="+", type=_positive_float, metavar="C",
+                      help="plain compression ratios instead (the paper's model)")
+    wi.add_argument("--rule", choices=RULES, default=None,
+                    help="bucket rule (default: horovod for named compressors, netai for --ratio)")
+    wi.add_argument("--no-latency", action="store_true", help="drop the latency term (as the paper)")
+    wi.add_argument("--no-codec-cost", action="store_true", help="ignore the codec's cost (as the paper)")
+    ov = wi.add_mutually_exclusive_group()
+    ov.add_argument("--overlap", dest="overlap", action="store_true", default=None,
+                    help="allreduces overlap backward (default: yes unless the trace is from a CPU)")
+    ov.add_argument("--no-overlap", dest="overlap", action="store_false")
+    wi.add_argument("--batch-time", type=_positive_float, metavar="SECONDS", help="override t_batch")
+    wi.add_argument("--margin", type=_nonnegative_float, default=0.05,
+                    help="speed-up over dense a compressor needs to be recommended (default 0.05)")
+    wi.add_argument("--plot", metavar="OUT.png", help="scaling factor vs bandwidth per compressor")
+    wi.add_argument("--json", action="store_true", help="print the rows as one JSON list, nothing else")
+
+    sub.add_parser("bench", help="run the step benchmark (scripts/bench_step.py; flags passed through)",
+                   add_help=False)
+    return p
+
+
+# ------------------------------------------------------------------------- commands
+def cmd_list(_args, out):
+    import horovod_sparse
+    from horovod_sparse.registry import get
+    from horovod_sparse.whatif import wire
+    rows = [("dense", "horovod", "", "Horovod's own Compression.none (the benchmark's name)"),
+            ("hvd-fp16", "horovod", "", "Horovod's own Compression.fp16")]
+    for name in horovod_sparse.available():
+        cls = get(name)
+        params = [f"{k}={v.default!r}" for k, v in inspect.signature(cls.__init__).parameters.items()
+                  if k != "self" and v.default is not inspect.Parameter.empty]
+        doc = (inspect.getdoc(cls) or "").split("\n")[0]
+        rows.append((name, wire.carrier(name), " ".join(params), doc))
+    width = max(len(r[0]) for r in rows)
+    for name, carrier, params, doc in rows:
+        print(f"{name:<{width}}  {carrier:<7}  {params}".rstrip() + (f"  # {doc}" if doc else ""), file=out)
+    return 0
+
+
+def cmd_profile(args, parser, out):
+    from horovod_sparse.whatif import profile as prof
+    from horovod_sparse.whatif import wire
+    for spec in args.compressors:
+        try:
+            wire.parse(spec)
+        except ValueError as e:
+            parser.error(f"--compressors: {e}")
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    if args.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: CUDA is not available here")
+    elif args.device != "cpu":
+        parser.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    try:
+        factory = prof.load_factory(args.model)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        trace = prof.profile(factory, args.batch, device=args.device, steps=args.steps, warmup=args.warmup,
+                             compressors=args.compressors, repeats=args.repeats, threads=args.threads,
+                             model_name=args.name or args.model.split(":")[-1], show_progress=not args.quiet)
+    except ValueError as e:
+        parser.error(f"--model {args.model}: {e}")
+    trace.meta["factory"] = args.model
+    trace.save(args.output)
+    print(f"{args.output}: {len(trace.gradients)} gradients, {trace.nbytes / 1e6:.1f} MB, batch "
+          f"{trace.batch_time_s * 1e3:.1f} ms (backward {trace.backward_s * 1e3:.1f} ms), "
+          f"{len(trace.compressors)} compressors costed", file=out)
+    for spec, err in trace.meta.get("errors", {}).items():
+        print(f"  {spec}: not costed ({err})", file=out)
+    return 0
+
+
+def _table(title, headers, rows, out):
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        Console = None
+    if Console is not None and out is sys.stdout:
+        table = Table(title=title)
+        for i, h in enumerate(headers):
+            table.add_column(h, justify="left" if i == 0 else "right")
+        for r in rows:
+            table.add_row(*r)
+        Console(width=max(100, 14 * len(headers) + 30)).print(table)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    print(title, file=out)
+    print("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths))), file=out)
+    for r in rows:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))), file=out)
+    print(file=out)
+
+
+def cmd_whatif(args, parser, out):
+    from horovod_sparse.schedule.cost import CostModel
+    from horovod_sparse.whatif import Network, Options, load, recommend, sweep, wire
+    try:
+        trace = load(args.trace, batch_time_s=args.batch_time)
+    except (ValueError, OSError, KeyError) as e:
+        parser.error(f"TRACE: {e}")
+    compressors, ratios = args.compressors, args.ratio
+    if compressors is None and ratios is None:
+        if trace.compressors:
+            compressors = list(trace.compressors)
+        else:
+            ratios = [1, 2, 5, 10, 50, 100]
+    if compressors is not None:
+        for spec in compressors:
+            try:
+                wire.parse(spec)
+            except ValueError as e:
+                parser.error(f"--compressors: {e}")
+    rule = args.rule or ("netai" if ratios is not None else "horovod")
+    options = Options(rule=rule, latency=not args.no_latency, codec=not args.no_codec_cost, overlap=args.overlap)
+    network = None
+    if args.cost is not None:
+        p0 = args.cost_workers or args.workers[0]
+        try:
+            net = Network.from_allreduce(CostModel(*args.cost), p0)
+        except ValueError as e:
+            parser.error(f"--cost: {e}")
+        network = lambda _p: net  # noqa: E731  (one link, whatever the cluster size)
+    preds = sweep(trace, args.workers, gbps=args.bandwidth, compressors=compressors, ratios=ratios,
+                  options=options, latency_s=args.latency, network=network)
+    recs = recommend(preds, margin=args.margin)
+    if args.plot:
+        from horovod_sparse.whatif.plot import plot
+        plot(preds, args.plot, title=f"{trace.model}: scaling factor ({rule} buckets)")
+    if args.json:
+        json.dump([p.row() for p in preds], out)
+        out.write("\n")
+        return 0
+    lat = "no latency" if args.no_latency else f"latency {preds[0].latency_s * 1e6:g} us/round"
+    print(f"{trace.model} on {trace.device}: t_batch {trace.batch_time_s * 1e3:.1f} ms, backward "
+          f"{trace.backward_s * 1e3:.1f} ms, {len(trace.gradients)} gradients, {trace.nbytes / 1e6:.1f} MB; "
+          f"{rule} buckets, {lat}, codec cost {'off' if args.no_codec_cost else 'on'}, overlap "
+          f"{'on' if (trace.on_gpu if args.overlap is None else args.overlap) else 'off'}", file=out)
+    gbps = list(dict.fromkeys(p.gbps for p in preds))
+    labels = list(dict.fromkeys(p.label for p in preds))
+    by = {(p.label, p.workers, p.gbps): p for p in preds}
+    for w in args.workers:
+        rows = []
+        for label in labels:
+            cells = []
+            for g in gbps:
+                p = by[(label, w, g)]
+                sp = f" {p.speedup:.2f}x" if p.speedup is not None else ""
+                cells.append(f"{p.step_s * 1e3:.1f} ms {p.scaling:.2f}{sp}")
+            rows.append([label] + cells)
+        _table(f"{w} workers: step time, scaling factor, speed-up over dense",
+               ["compressor" if compressors is not None else "ratio"] + [f"{g:g} Gbit/s" for g in gbps], rows, out)
+    print("Recommendation (shortest predicted step; 'none' unless it beats dense by "
+          f"{args.margin:.0%}):", file=out)
+    for r in recs:
+        if r.choice != "none":
+            why = f"{r.speedup:.2f}x over dense"
+        elif r.best in ("dense", "none", "x1"):
+            why = "dense is fastest"
+        else:
+            why = f"best other: {r.best} {r.speedup:.2f}x"
+        print(f"  {r.workers:>4} workers, {r.gbps:g} Gbit/s: {r.choice}  ({why}; dense scaling {r.dense_scaling:.2f})",
+              file=out)
+    notes = sorted({n for p in preds for n in p.notes})
+    for n in notes:
+        print(f"note: {n}", file=out)
+    if args.plot:
+        print(f"plot: {args.plot}", file=out)
+    return 0
+
+
+def bench_script():
+    """scripts/bench_step.py of the source checkout this package runs from, or None."""
+    import horovod_sparse
+    root = os.path.dirname(os.path.dirname(os.path.abspath(horovod_sparse.__file__)))
+    path = os.path.join(root, "scripts", "bench_step.py")
+    return path if os.path.isfile(path) else None
+
+
+def cmd_bench(argv, err):
+    script = bench_script()
+    if script is None:
+        print(f"{PROG} bench: error: needs a source checkout of horovod_sparse (scripts/bench_step.py "
+              "beside the package); this installation has none", file=err)
+        return 2
+    return subprocess.call([sys.executable, script, *argv])
+
+
+def main(argv=None, out=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    out = out or sys.stdout
+    if argv and argv[0] == "bench":   # everything after it belongs to bench_step.py
+        return cmd_bench(argv[1:], sys.stderr)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        return cmd_list(args, out)
+    sub = parser._subparsers._group_actions[0].choices[args.command]   # errors name the subcommand
+    if args.command == "profile":
+        return cmd_profile(args, sub, out)
+    return cmd_whatif(args, sub, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""The ``horovod-sparse`` command line: each subcommand on small inputs, and bad arguments
+exiting with code 2 and a message. ``profile`` runs in a subprocess (it initialises
+Horovod); the rest in process."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import netai_reference as ref
+from horovod_sparse import available, cli
+from horovod_sparse.whatif import CodecCost, Gradient, Trace, load
+from horovod_sparse.whatif.trace import NETAI_DIR
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _run(*args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "horovod_sparse.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=170)
+
+
+def _fails(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+
+
+@pytest.fixture
+def json_trace(tmp_path):
+    grads = [Gradient("fc2.bias", 0.002, 4096, [1024]), Gradient("fc2.weight", 0.0001, 4 * 1024 * 1024, [1024, 1024]),
+             Gradient("fc1.weight", 0.004, 4 * 1024 * 1024, [1024, 1024])]
+    trace = Trace("toy", grads, 0.02, device="cpu", batch=8,
+                  compressors={"dense": CodecCost(0.0, 0.0, "horovod"),
+                               "hvd-fp16": CodecCost(0.002, 0.001, "horovod"),
+                               "topk:density=0.01": CodecCost(0.0001, 0.004, "fused", 0.01),
+                               "qsgd": CodecCost(0.0001, 0.3, "fused")})
+    path = tmp_path / "toy.json"
+    trace.save(path)
+    return str(path)
+
+
+# ------------------------------------------------------------------------- list
+def test_list_shows_every_compressor_with_its_defaults(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    names = [line.split()[0] for line in out.splitlines()]
+    assert set(available()) <= set(names) and "dense" in names
+    topk = next(line for line in out.splitlines() if line.startswith("topk "))
+    assert "density=0.01" in topk and "fused" in topk
+
+
+# ----------------------------------------------------------------------- whatif
+def test_whatif_json_reproduces_the_reference(capsys):
+    argv = ["whatif", "netai:resnet50", "--ratio", "1", "5", "--workers", "16", "64", "--bandwidth", "10", "40",
+            "--rule", "netai", "--no-latency", "--no-codec-cost", "--json"]
+    assert cli.main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 8
+    vec = ref.VecAddCost(os.path.join(NETAI_DIR, "cuda_vec_add.log"))
+    for r in rows:
+        for key in ("ratio", "workers", "gbps", "overhead_s", "scaling"):
+            assert key in r
+        want = ref.scaling_factor(os.path.join(NETAI_DIR, "resnet50.bk.log"), "resnet50", r["workers"],
+                                  r["gbps"] * 1e9, vec, r["ratio"])
+        assert r["scaling"] == pytest.approx(want, abs=1e-6)
+
+
+def test_whatif_table_recommendation_and_plot_on_a_bk_log(tmp_path, capsys):
+    png = tmp_path / "vgg16.png"
+    log = os.path.join(NETAI_DIR, "vgg16.bk.log")
+    assert cli.main(["whatif", log, "--workers", "16", "--bandwidth", "1", "100", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "Recommendation" in out and "x100" in out and "none" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_whatif_on_a_json_trace(json_trace, capsys):
+    assert cli.main(["whatif", json_trace, "--workers", "2", "8", "--bandwidth", "1", "100", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["compressor"] for r in rows} == {"dense", "hvd-fp16", "topk:density=0.01", "qsgd"}
+    assert all(0 < r["scaling"] <= 1 for r in rows)
+    slow = {r["compressor"]: r for r in rows if r["workers"] == 8 and r["gbps"] == 1}
+    assert slow["topk:density=0.01"]["speedup"] > 1 > slow["qsgd"]["speedup"]
+    assert cli.main(["whatif", json_trace, "--workers", "8", "--bandwidth", "1", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "8 workers, 1 Gbit/s: topk:density=0.01" in out
+    assert "8 workers, 100 Gbit/s: none" in out
+
+
+def test_whatif_with_a_fitted_cost(json_trace, capsys):
+    argv = ["whatif", json_trace, "--workers", "4", "--cost", "0.0003", "1.2e-9", "--cost-workers", "4", "--json"]
+    assert cli.main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["gbps"] == pytest.approx(2 * 3 / 4 * 8 / 1.2e-9 / 1e9)
+    assert rows[0]["latency_s"] == pytest.approx(0.0003 / 6)
+
+
+def test_whatif_bad_arguments_exit_2_with_a_message(json_trace, capsys):
+    _fails(capsys, ["whatif", json_trace, "--workers", "0"], "must be >= 1")
+    _fails(capsys, ["whatif", json_trace, "--bandwidth", "-1"], "finite number > 0")
+    _fails(capsys, ["whatif", json_trace, "--bandwidth", "fast"], "expected a number")
+    _fails(capsys, ["whatif", "/nonexistent/trace.json"], "no such trace file")
+    _fails(capsys, ["whatif", json_trace, "--compressors", "nonesuch"], "compression name must be one of")
+    _fails(capsys, ["whatif", json_trace, "--rule", "fastest"], "invalid choice")
+    _fails(capsys, ["whatif", json_trace, "--ratio", "2", "--compressors", "topk"], "not allowed with")
+    _fails(capsys, ["whatif", json_trace, "--cost", "0.1", "0", "--workers", "4"], "--cost")
+    _fails(capsys, ["whatif", "netai:alexnet"], "unknown NetAI trace")
+    _fails(capsys, [], "required")
+    _fails(capsys, ["frobnicate"], "invalid choice")
+
+
+# ---------------------------------------------------------------------- profile
+def test_profile_writes_a_trace_that_whatif_reads(tmp_path, capsys):
+    out = tmp_path / "tiny.json"
+    r = _run("profile", "--model", "whatif_tiny_model:tiny", "--batch", "8", "--steps", "2", "--warmup", "1",
+             "--repeats", "1", "--compressors", "dense", "topk:density=0.1", "randomk:density=0.1", "--quiet",
+             "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    trace = load(str(out))
+    assert [g.name for g in trace.gradients] == ["net.2.bias", "net.2.weight", "net.0.bias", "net.0.weight"]
+    assert trace.gradients[1].nbytes == 256 * 8 * 4 and trace.gradients[1].shape == [8, 256]
+    assert set(trace.compressors) == {"dense", "topk:density=0.1", "randomk:density=0.1"}
+    assert trace.compressors["topk:density=0.1"].carrier == "fused"
+    assert trace.compressors["topk:density=0.1"].sent_fraction == pytest.approx(0.1, abs=0.01)
+    assert trace.batch_time_s > trace.backward_s > 0 and trace.reduce and trace.copy_s > 0
+    assert cli.main(["whatif", str(out), "--workers", "4", "--bandwidth", "1", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 3
+
+
+def test_profile_of_a_model_make_batch_loss_factory(tmp_path):
+    out = tmp_path / "cls.json"
+    r = _run("profile", "--model", "whatif_tiny_model:tiny_classifier", "--batch", "4", "--steps", "1",
+             "--warmup", "0", "--compressors", "--name", "classifier", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    trace = load(str(out))
+    assert trace.model == "classifier" and len(trace.gradients) == 4 and not trace.compressors
+
+
+def test_profile_bad_arguments_exit_2_with_a_message(tmp_path, capsys):
+    o = str(tmp_path / "x.json")
+    _fails(capsys, ["profile", "--model", "nocolon", "--batch", "2", "-o", o], "package.module:factory")
+    _fails(capsys, ["profile", "--model", "no_such_module_xyz:f", "--batch", "2", "-o", o], "cannot import")
+    _fails(capsys, ["profile", "--model", "whatif_tiny_model:nothing", "--batch", "2", "-o", o], "no attribute")
+    _fails(capsys, ["profile", "--model", "whatif_tiny_model:not_a_model", "--batch", "2", "-o", o],
+           "torch.nn.Module")
+    _fails(capsys, ["profile", "--model", "whatif_tiny_model:tiny", "-o", o], "--batch")
+    _fails(capsys, ["profile", "--model", "whatif_tiny_model:tiny", "--batch", "0", "-o", o], "must be >= 1")
+    _fails(capsys, ["profile", "--model", "whatif_tiny_model:tiny", "--batch", "2", "--device", "tpu", "-o", o],
+           "--device")
+    _fails(capsys, ["profile", "--model", "whatif_tiny_model:tiny", "--batch", "2", "--compressors", "bogus",
+                    "-o", o], "compression name must be one of")
+    assert not os.path.exists(o)
+
+
+# ------------------------------------------------------------------------ bench
+def test_bench_forwards_its_arguments_to_the_step_benchmark(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    assert cli.main(["bench", "--links", "loopback", "--models", "mlp5", "--dry-run"]) == 0
+    (cmd,) = calls
+    assert cmd[0] == sys.executable and cmd[1] == os.path.join(ROOT, "scripts", "bench_step.py")
+    assert cmd[2:] == ["--links", "loopback", "--models", "mlp5", "--dry-run"]
+
+
+def test_bench_without_a_source_checkout_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "bench_script", lambda: None)
+    assert cli.main(["bench", "--np", "2"]) == 2
+    assert "source checkout" in capsys.readouterr().err
+
+
+def test_bench_help_reaches_the_driver():
+    r = _run("bench", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "--links" in r.stdout and "--compressors" in r.stdout
+
+
+def test_the_console_script_is_declared():
+    with open(os.path.join(ROOT, "setup.py")) as f:
+        assert "horovod-sparse=horovod_sparse.cli:main" in f.read()
