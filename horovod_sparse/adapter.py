@@ -37,7 +37,7 @@ class CompressorAdapter:
         """Compress ``tensor`` as the gradient identified by ``key``; returns ``(payload, ctx)``."""
         ops = self.ops
         if not self._agreed:
-            check_same_on_every_rank(self.algorithm, communicator_of(caller_process_set()))
+            self.agree_across_ranks()
             self._agreed = True
         if key is None:  # no identity for this gradient: only stateless compressors can run
             return self.algorithm.compress(ops, tensor, None)
@@ -54,6 +54,10 @@ class CompressorAdapter:
         slot.payload_nbytes = ops.nbytes(payload)
         slot.dense_nbytes = ops.nbytes(tensor)
         return payload, ctx
+
+    def agree_across_ranks(self):
+        """Check once, on the ranks of the caller's process set, that all pass this compressor."""
+        check_same_on_every_rank(self.algorithm, communicator_of(caller_process_set()))
 
     def decompress(self, tensor, ctx):
         """The gradient from a reduced payload (Horovod's ``decompress``)."""

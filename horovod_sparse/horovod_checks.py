@@ -35,9 +35,10 @@ def check_caller(name, adasum_op, adasum_code=None, depth=4):
         frame = frame.f_back
 
 
-def caller_process_set(depth=8):
+def caller_process_set(depth=24):
     """The Horovod process set of the code calling a compressor (None if it uses the global
-    one or none is visible): Horovod keeps it in ``process_set`` or ``self.process_set``."""
+    one or none is visible): Horovod keeps it in ``process_set`` or ``self.process_set``.
+    ``depth`` leaves room for the frames autograph puts between Horovod and a compressor."""
     frame = sys._getframe(1)
     for _ in range(depth):
         if frame is None:

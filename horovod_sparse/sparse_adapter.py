@@ -1,14 +1,16 @@
-"""What the PyTorch and TensorFlow frontends share for the sparsifying compressors
-(top-k, Ok-Topk, gTop-k, ...), whose exchange Horovod's dense allreduce cannot carry.
+"""What the PyTorch and TensorFlow frontends share for the out-of-band compressors
+(sparsifiers, bit-packed quantizers, PowerSGD, FFT), whose exchange Horovod's dense
+allreduce cannot carry.
 
-Their gradients go through a :class:`~horovod_sparse.sparsify.Sparsifier` (numpy:
-error feedback, selection, the sparse allreduce over mpi4py, residual update), and
-Horovod's allreduce carries only a one-element probe of 1.0 per gradient: the reduced
-probe is 1 under Average and P under Sum (pre/postscale factors included), and scales
-the sparsifier's sum accordingly (see :mod:`horovod_sparse.horovod_checks`).
+Their gradients go through a pipeline made by ``algorithm.make_sparsifier(n, comm)``
+(e.g. a :class:`~horovod_sparse.sparsify.Sparsifier`: error feedback, selection, the
+sparse allreduce over mpi4py, residual update), on the gradient's own framework and
+device, and Horovod's allreduce carries only a one-element probe of 1.0 per gradient:
+the reduced probe is 1 under Average and P under Sum (pre/postscale factors included),
+and scales the pipeline's sum accordingly (see :mod:`horovod_sparse.horovod_checks`).
 
 Gradients smaller than ``dense_below`` elements (biases, norms), and non-float ones,
-skip the sparsifier and go through Horovod's allreduce as they are, as CGX does: a
+skip the pipeline and go through Horovod's allreduce as they are, as CGX does: a
 sparse exchange of a few hundred values costs more in latency than it saves.
 """
 from horovod_sparse.compressors.cast import NoneCompressor
@@ -30,8 +32,8 @@ class SparseCompressorBase:
     Attributes:
         algorithm: the registered compressor (``algorithm.make_sparsifier(n, comm)``).
         dense_below: gradients with fewer elements go dense through Horovod.
-        sparsifiers: ``{key: (GradientLayout, Sparsifier)}``, one per exchanged buffer
-            (PyTorch: one for the whole fused step; TensorFlow: one per gradient).
+        sparsifiers: ``{key: (GradientLayout, pipeline)}``, one per exchanged buffer
+            (PyTorch: one for the whole fused step; TensorFlow: one per gradient or group).
     """
 
     ops = None  # the frontend's ArrayOps

@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""Throughput of every compressor's compress + decompress, PyTorch and TensorFlow side by side.
+"""Throughput of every compressor's compress + decompress, beside a plain memory copy.
 
 What a rank pays locally per step, whatever the network: one 25M-element float32
 gradient (100 MB, shaped 5000 x 5000 so PowerSGD has a matrix) goes through the
 frontend's ``compress`` then ``decompress``, exactly as Horovod calls them, in one
-process (P = 1). For the fused compressors (sparsifiers, quantizers, PowerSGD, FFT)
-that includes the pipeline's whole local work: error feedback, selection or
-encoding, the exchange with itself (no bytes move at P = 1), decoding, the residual
-update and the conversions between the framework and numpy. TensorFlow runs inside a
-``tf.function``, as Horovod calls it.
+process (P = 1, one thread by default). For the out-of-band compressors (sparsifiers,
+quantizers, PowerSGD, FFT) that includes the pipeline's whole local work: fusing the
+gradient, error feedback, selection or encoding, the exchange with itself (no bytes
+move at P = 1), decoding, the residual update and writing the result into the gradient.
+TensorFlow (``--frameworks tensorflow``) runs inside a ``tf.function``, as Horovod calls it.
 
-Per compressor and framework: ``--warmup`` untimed calls, then ``--repeats`` timed
-ones; the table gives the median time and GB/s of gradient (bytes in / median time).
+Per compressor and framework: ``--warmup`` untimed calls, then ``--repeats`` timed ones,
+each on a new gradient drawn untimed (standard normal, like a training step's, whose
+error-feedback residual settles instead of growing with one gradient repeated; the
+out-of-band compressors also write their result into the gradient tensor, as Horovod's
+in-place allreduce does). ``--same-gradient`` repeats one gradient instead.
+The table gives the median time and GB/s of gradient (bytes in / median time), and a
+``dst.copy_(src)`` of the same buffer measured in the same run: the memory bound.
 
-    .venv/bin/python scripts/bench_codecs.py --update-md docs/benchmarks.md
+    .venv/bin/python scripts/bench_codecs.py --json results/codecs.json
+    .venv/bin/python scripts/bench_codecs.py --frameworks torch tensorflow --update-md docs/benchmarks.md
 """
 import argparse
 import json
@@ -29,8 +35,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 SPECS = ["none", "fp16", "randomk:density=0.01", "topk:density=0.01", "oktopk:density=0.01",
-         "gtopk:density=0.01", "gaussiank:density=0.01", "dgc:density=0.01", "bf16", "qsgd", "terngrad",
-         "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "fft"]
+         "gtopk:density=0.01", "gaussiank:density=0.01", "dgc:density=0.01", "threshold:value=2.6",
+         "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "fft"]
+COPY = "memory copy"
 BEGIN, END = "<!-- throughput:begin -->", "<!-- throughput:end -->"
 
 
@@ -39,10 +46,13 @@ def parse_args():
     p.add_argument("--rows", type=int, default=5000, help="gradient rows (elements = rows x cols)")
     p.add_argument("--cols", type=int, default=5000, help="gradient columns")
     p.add_argument("--specs", nargs="+", default=SPECS)
-    p.add_argument("--frameworks", nargs="+", default=["torch", "tensorflow"], choices=["torch", "tensorflow"])
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--frameworks", nargs="+", default=["torch"], choices=["torch", "tensorflow"])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch/TensorFlow threads (the brief: one per rank)")
+    p.add_argument("--same-gradient", action="store_true", help="repeat one gradient instead of drawing new ones")
     p.add_argument("--out", help="append one JSON line per measurement")
+    p.add_argument("--json", help="write every measurement, and the run's settings, as one JSON file")
     p.add_argument("--update-md", help="replace the throughput section of this markdown file")
     return p.parse_args()
 
@@ -53,19 +63,35 @@ def fused_params(spec):
     return {"dense_below": 0} if getattr(horovod_sparse.create(spec), "fused", False) else {}
 
 
-def torch_round_trip(spec, gradient):
+def torch_round_trip(spec, gradient, same_gradient=False):
+    """(prepare, run): prepare sets the gradient tensor (untimed), run is one round trip."""
     import torch
     import horovod_sparse.torch as hvds
     compressor = hvds.Compression.from_spec(spec, **fused_params(spec))
-    tensor = torch.from_numpy(gradient)
+    source = torch.from_numpy(gradient)
+    tensor = source.clone()
+    generator = torch.Generator().manual_seed(1)
+
+    def prepare():
+        if same_gradient:
+            tensor.copy_(source)
+        else:
+            torch.randn(tensor.shape, generator=generator, out=tensor)
 
     def run():
         payload, ctx = compressor.compress(tensor)
         return compressor.decompress(payload, ctx)  # at P = 1 the reduced payload is the payload
-    return run
+    return prepare, run
 
 
-def tensorflow_round_trip(spec, gradient):
+def torch_copy(gradient):
+    import torch
+    src = torch.from_numpy(gradient)
+    dst = torch.empty_like(src)
+    return lambda: None, lambda: dst.copy_(src)
+
+
+def tensorflow_round_trip(spec, gradient, same_gradient=True):
     import tensorflow as tf
     import horovod_sparse.tensorflow as hvds
     compressor = hvds.Compression.from_spec(spec, **fused_params(spec))
@@ -76,15 +102,16 @@ def tensorflow_round_trip(spec, gradient):
         payload, ctx = compressor.compress(t)
         return compressor.decompress(payload, ctx)
 
-    return lambda: round_trip(tensor).numpy()
+    return lambda: None, lambda: round_trip(tensor).numpy()
 
 
-def measure(make, spec, gradient, args):
-    run = make(spec, gradient)
+def measure(prepare, run, args):
     for _ in range(args.warmup):
+        prepare()
         run()
     times = []
     for _ in range(args.repeats):
+        prepare()
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
@@ -94,41 +121,74 @@ def measure(make, spec, gradient, args):
 def markdown(records, args):
     n = args.rows * args.cols
     by = {(r["spec"], r["framework"]): r for r in records}
+    frameworks = [fw for fw in ("torch", "tensorflow") if fw in args.frameworks]
+    names = {"torch": "torch", "tensorflow": "TensorFlow"}
     lines = [f"Compress + decompress of one {n / 1e6:.0f}M-element float32 gradient ({n * 4 / 1e6:.0f} MB) "
-             f"through each frontend at P = 1, median of {args.repeats} after {args.warmup} warm-up; "
-             f"{platform.node()}, {os.cpu_count()} cores, no GPU, shared with other jobs. Command: "
-             f"`.venv/bin/python scripts/bench_codecs.py --update-md docs/benchmarks.md`.", "",
-             "| compressor | torch s | torch GB/s | TensorFlow s | TensorFlow GB/s |", "|---|---:|---:|---:|---:|"]
-    for spec in args.specs:
+             f"through each frontend at P = 1, {args.threads} thread(s), median of {args.repeats} after "
+             f"{args.warmup} warm-up, {'one gradient repeated' if args.same_gradient else 'a new gradient each call'}"
+             f"; {platform.node()}, {os.cpu_count()} cores, no GPU, shared with other "
+             "jobs. The first row is a plain copy of the buffer (the memory bound). Command: "
+             "`.venv/bin/python scripts/bench_codecs.py --update-md docs/benchmarks.md`.", "",
+             "| compressor | " + " | ".join(f"{names[fw]} s | {names[fw]} GB/s | x copy" for fw in frameworks) + " |",
+             "|---|" + "---:|---:|---:|" * len(frameworks)]
+    for spec in [COPY] + args.specs:
         cells = []
-        for fw in ("torch", "tensorflow"):
-            r = by.get((spec, fw))
-            cells += [f"{r['median_s']:.3f}", f"{r['gb_per_s']:.2f}"] if r else ["-", "-"]
+        for fw in frameworks:
+            r, copy = by.get((spec, fw)), by.get((COPY, fw))
+            if r is None:
+                cells += ["-", "-", "-"]
+                continue
+            ratio = f"{r['median_s'] / copy['median_s']:.1f}" if copy else "-"
+            cells += [f"{r['median_s']:.3f}", f"{r['gb_per_s']:.2f}", ratio]
         lines.append(f"| {spec} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def record(spec, framework, times, n_bytes, args):
+    median = statistics.median(times)
+    rec = dict(spec=spec, framework=framework, n=n_bytes // 4, median_s=median, min_s=min(times),
+               max_s=max(times), gb_per_s=n_bytes / median / 1e9, repeats=args.repeats,
+               threads=args.threads)
+    print(f"{spec:24s} {framework:10s} median {median:.4f} s  {rec['gb_per_s']:.2f} GB/s  "
+          f"(min {min(times):.4f}, max {max(times):.4f})", flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    return rec
 
 
 def main():
     args = parse_args()
     from mpi4py import MPI  # noqa: F401  (initialises MPI before the frameworks' Horovod)
     import horovod.torch as hvd_torch
+    import torch
+    torch.set_num_threads(args.threads)
     hvd_torch.init()
     gradient = np.random.default_rng(0).standard_normal((args.rows, args.cols)).astype(np.float32)
     makers = {"torch": torch_round_trip, "tensorflow": tensorflow_round_trip}
     records = []
+    if "torch" in args.frameworks:
+        records.append(record(COPY, "torch", measure(*torch_copy(gradient), args), gradient.nbytes, args))
+    if "tensorflow" in args.frameworks:
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+        src = tf.constant(gradient)
+        copy = tf.function(lambda t: tf.identity(t) + 0.0)
+        records.append(record(COPY, "tensorflow", measure(lambda: None, lambda: copy(src).numpy(), args),
+                              gradient.nbytes, args))
     for spec in args.specs:
         for fw in args.frameworks:
-            times = measure(makers[fw], spec, gradient, args)
-            median = statistics.median(times)
-            rec = dict(spec=spec, framework=fw, n=int(gradient.size), median_s=median, min_s=min(times),
-                       max_s=max(times), gb_per_s=gradient.nbytes / median / 1e9, repeats=args.repeats)
-            records.append(rec)
-            print(f"{spec:24s} {fw:10s} median {median:.3f} s  {rec['gb_per_s']:.2f} GB/s", flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+            round_trip = makers[fw](spec, gradient, args.same_gradient)
+            records.append(record(spec, fw, measure(*round_trip, args), gradient.nbytes, args))
     table = markdown(records, args)
     print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(settings=dict(rows=args.rows, cols=args.cols, repeats=args.repeats,
+                                         warmup=args.warmup, threads=args.threads,
+                                         same_gradient=args.same_gradient, host=platform.node(),
+                                         cores=os.cpu_count()), records=records), f, indent=1)
     if args.update_md:
         with open(args.update_md) as f:
             text = f.read()

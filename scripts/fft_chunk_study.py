@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import nn
 
-from horovod_sparse.fft.spectrum import ChunkedSpectrum, coefficient_positions, top_coefficients
+from horovod_sparse.fft.selection import TopCoefficients
+from horovod_sparse.fft.spectrum import ChunkedSpectrum, coefficient_positions
 
 
 def gradients(hidden, steps, every, seed=0):
@@ -43,15 +44,17 @@ def gradients(hidden, steps, every, seed=0):
 
 
 def fft_kept_energy(g, chunk_size, theta):
+    """The pipeline's own transform and selection (float32, exact top energies)."""
     spectrum = ChunkedSpectrum(g.size, chunk_size)
-    s = spectrum.forward(g)
-    coefficients = spectrum.n_coefficients
-    kept = top_coefficients(spectrum.energies(s), coefficients - int(np.floor(theta * coefficients)))
+    s = spectrum.forward(g, np.empty(spectrum.size, np.float32))
+    count = spectrum.n_coefficients
+    keys = spectrum.energy_keys(s, np.empty(count, np.float32), np.empty(2 * count, np.float32))
+    kept = TopCoefficients().select(keys, count - int(np.floor(theta * count)), np.empty(count, bool))
+    positions = coefficient_positions(kept, np.empty(2 * kept.size, np.int64))
     sparse = np.zeros_like(s)
-    positions = coefficient_positions(kept)
     sparse[positions] = s[positions]
-    error = g - spectrum.inverse(sparse)
-    return 1 - float(error @ error) / float(g @ g), positions.size
+    error = (g - spectrum.inverse(sparse, np.empty(g.size, np.float32))).astype(np.float64)
+    return 1 - float(error @ error) / float(g.astype(np.float64) @ g), positions.size
 
 
 def topk_kept_energy(g, floats):

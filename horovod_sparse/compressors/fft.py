@@ -29,9 +29,9 @@ class FFTCompressor(FusedCompressor):
             small next to the 4-byte position and the error the drop already makes.
         chunk_size: elements per transformed chunk, >= 2. Default 1024: on the gradients
             of a digits MLP (scripts/fft_chunk_study.py, docs/fft.md) shorter chunks keep
-            more of the gradient's energy at a given theta (0.853 at 1024, 0.834 at 4096,
-            0.630 for one transform of the whole buffer), and 1024 still transforms as
-            fast as 4096 in numpy (256 is 4x slower).
+            more of the gradient's energy at a given theta (0.854 at 1024, 0.834 at 4096,
+            0.630 for one transform of the whole buffer); float32 transforms take about
+            the same time at 256, 1024 and 4096.
         exchange: "allgather" (every rank's kept coefficients to all, volume grows with
             P; the default, exact sum of what every rank kept) or "oktopk" (Ok-Topk
             sparse allreduce with a global selection of the summed spectrum, volume

@@ -4,9 +4,10 @@ Each rank keeps different indices, so Horovod's dense allreduce cannot carry the
 exchanges: they are *fused* compressors. The frontends flatten a step's gradients
 into one float32 buffer of length n (or one buffer per gradient) and call
 ``compressor.make_sparsifier(n, comm)`` once per buffer, then
-``sparsifier.step(grad, tag=...)`` every step on every rank; the sparsifier
-(:class:`horovod_sparse.sparsify.Sparsifier`) returns the SUM over ranks of what
-the ranks sent. ``compress``/``decompress`` are not used.
+``sparsifier.step_sparse(grad, tag=...)`` (or ``step``, densified) every step on every
+rank; the sparsifier (:class:`horovod_sparse.sparsify.Sparsifier`) returns the SUM over
+ranks of what the ranks sent, in the buffer's library and device (numpy or torch).
+``compress``/``decompress`` are not used.
 
 Target count per buffer: k = max(1, ceil(density * n)) (n > 0).
 
@@ -19,7 +20,7 @@ from horovod_sparse.compressors.base import (FusedCompressor, check_bool, check_
                                              check_nonnegative_int, check_positive_int,
                                              check_positive_number, check_unit_interval)
 from horovod_sparse.registry import register
-from horovod_sparse.sparsify import rules
+from horovod_sparse.sparsify import selection
 from horovod_sparse.sparsify.selection import k_for
 from horovod_sparse.sparsify.sparsifier import Sparsifier
 
@@ -61,7 +62,7 @@ class TopKCompressor(SparsifyingCompressor):
                            exchange=self.exchange)
 
     def make_sparsifier(self, n, comm, layout=None):
-        return Sparsifier(n, comm, rules.TopKRule(), self.k_for(n), exchange=self.exchange,
+        return Sparsifier(n, comm, selection.TopKRule(), self.k_for(n), exchange=self.exchange,
                           error_feedback=self.error_feedback)
 
 
@@ -93,7 +94,7 @@ class OkTopKCompressor(SparsifyingCompressor):
                            warmup_steps=self.warmup_steps, error_feedback=self.error_feedback)
 
     def make_sparsifier(self, n, comm, layout=None):
-        return Sparsifier(n, comm, rules.OkTopkLocalRule(self.tau_prime), self.k_for(n),
+        return Sparsifier(n, comm, selection.OkTopkLocalRule(self.tau_prime), self.k_for(n),
                           exchange="oktopk", error_feedback=self.error_feedback,
                           warmup_steps=self.warmup_steps,
                           exchange_params=dict(tau=self.tau, tau_prime=self.tau_prime))
@@ -121,7 +122,7 @@ class GaussianKCompressor(SparsifyingCompressor):
                            exchange=self.exchange)
 
     def make_sparsifier(self, n, comm, layout=None):
-        return Sparsifier(n, comm, rules.GaussianRule(self.density), self.k_for(n),
+        return Sparsifier(n, comm, selection.GaussianRule(self.density), self.k_for(n),
                           exchange=self.exchange, error_feedback=self.error_feedback)
 
 
@@ -151,7 +152,7 @@ class ThresholdCompressor(SparsifyingCompressor):
         return 0  # no target count: the threshold decides
 
     def make_sparsifier(self, n, comm, layout=None):
-        return Sparsifier(n, comm, rules.ThresholdRule(self.value), 0, exchange=self.exchange,
+        return Sparsifier(n, comm, selection.ThresholdRule(self.value), 0, exchange=self.exchange,
                           error_feedback=self.error_feedback)
 
 
@@ -184,7 +185,7 @@ class DGCCompressor(SparsifyingCompressor):
                            sample_fraction=self.sample_fraction, exchange=self.exchange)
 
     def make_sparsifier(self, n, comm, layout=None):
-        return Sparsifier(n, comm, rules.SampledRule(self.density, self.sample_fraction),
+        return Sparsifier(n, comm, selection.SampledRule(self.density, self.sample_fraction),
                           self.k_for(n), exchange=self.exchange, momentum=self.momentum)
 
 
@@ -206,5 +207,5 @@ class GTopKCompressor(SparsifyingCompressor):
         self.params = dict(density=self.density, error_feedback=self.error_feedback)
 
     def make_sparsifier(self, n, comm, layout=None):
-        return Sparsifier(n, comm, rules.TopKRule(), self.k_for(n), exchange="gtopk",
+        return Sparsifier(n, comm, selection.TopKRule(), self.k_for(n), exchange="gtopk",
                           error_feedback=self.error_feedback)

@@ -1,18 +1,26 @@
 """Allreduce of dense float32 vectors carried as codes (quantizers): alltoall or allgather.
 
-Two exchanges, both over :class:`~.comm.CountingComm` (every byte counted):
+The vectors stay on their own device (numpy, or torch on CPU/CUDA): encoding and
+decoding run there (the codec's ``encode``/``decode``), and only the codes cross to
+the host (:func:`~horovod_sparse.ops.tensors.to_host`/``from_host``) for mpi4py. Two
+exchanges, both over :class:`~.comm.CountingComm` (every byte counted):
 
 * ``"alltoall"`` (DeepSpeed 1-bit Adam's compressed allreduce; volume per rank about
-  2 (P-1)/P * nbytes(n), independent of P): the vector is cut into P chunks,
-  chunk j = [j*n//P, (j+1)*n//P) belonging to rank j. Every rank encodes each chunk j
-  with seed ``derive_seed(seed, rank, j)`` and sends it to its owner (one Alltoallv;
-  sizes come from ``codec.nbytes``, so no size exchange). The owner decodes the P
-  pieces of its chunk, sums them in rank order in float32 (starting from zeros),
-  optionally adds its server residual, re-encodes the sum with seed
-  ``derive_seed(seed, P + rank, rank)`` and (with server error feedback) keeps
-  ``sum + residual - decode(code)`` as the new residual. One Allgatherv of the
-  encoded chunks, and every rank decodes every chunk: the same bytes decoded by the
-  same pure function, so the result is bitwise identical on every rank.
+  2 (P-1)/P * nbytes(n), independent of P): the vector is cut into P chunks, chunk
+  j = [j*n//P, (j+1)*n//P) belonging to rank j.
+
+  1. Every rank encodes each chunk j with seed ``derive_seed(seed, rank, j)`` and sends
+     it to its owner (one Alltoallv; sizes come from ``codec.nbytes``, so no size
+     exchange). What it sent, as decoded, is its ``own`` contribution.
+  2. The owner decodes the P pieces of its chunk and sums them in rank order in float32
+     (from the first piece; its own piece is its ``own`` chunk, not decoded again).
+  3. It adds its server residual (server error feedback), re-encodes the sum with seed
+     ``derive_seed(seed, P + rank, rank)`` and, once the call has succeeded, keeps
+     ``sum + residual - decode(code)`` as the new residual. A majority code keeps only
+     signs, so the code of the sum is the code of its vote.
+  4. One Allgatherv of the encoded chunks, and every rank decodes every chunk: the same
+     bytes decoded by the same pure function, so the result is bitwise identical on
+     every rank (majority: times P).
 
   Payload bytes sent per rank, exactly:
   ``sum_{j != rank} nbytes(|chunk j|) + (P - 1) * nbytes(|chunk rank|)``.
@@ -20,51 +28,56 @@ Two exchanges, both over :class:`~.comm.CountingComm` (every byte counted):
 * ``"allgather"`` (GRACE's allgather communicator; volume (P-1) * nbytes(n), grows
   with P): every rank encodes its whole vector with seed ``derive_seed(seed, rank)``,
   one Allgatherv, and every rank decodes all P codes and sums them in rank order in
-  float32 (starting from zeros). Payload bytes sent per rank, exactly:
-  ``(P - 1) * nbytes(n)``.
+  float32 (from the first). Majority: the result is ``P * sign(sum)``, sign(0) = +1.
+  Payload bytes sent per rank, exactly: ``(P - 1) * nbytes(n)``.
 
-Codecs with ``aggregate == "majority"`` (signSGD's vote): the result is
-``P * sign(sum of the decoded contributions)`` with sign(0) = +1, with either method
-(alltoall: the owner encodes its chunk's vote, +-1, with the same codec).
+Passes over the n values per call (alltoall): encode (which also writes ``own``), the
+owner's decoding and summing of 1/P of the buffer P times, the re-encode of 1/P, the
+decoding of the result; nothing of size n leaves the device.
 
-Before any data moves, one agreement header (:func:`.validation.agree`, 80 control
-bytes to each peer) carries n, the method, the codec's identity (a CRC of its
-repr, the method and server error feedback), the call counter, the tag and a local
-error code (values not a 1-D float array of length n, bad seed or tag): a mismatch
-or bad input on any rank raises :class:`ExchangeError` on every rank, never a hang.
+Before any data moves, one agreement header (:func:`.validation.agree_call`, 80 control
+bytes to each peer) carries n, the method, the codec's identity (a CRC of its repr, the
+method and server error feedback), the call counter, the tag and a local error code
+(values not a 1-D float array of length n, bad seed or tag): a mismatch or bad input on
+any rank raises :class:`ExchangeError` on every rank, never a hang.
 """
-import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from horovod_sparse.quantize.codec import VALUE_DTYPE, derive_seed
 from horovod_sparse.closing import ClosesOnExit
+from horovod_sparse.memory import ErrorFeedback
+from horovod_sparse.ops import tensors
 
 from .comm import CountingComm
-from .errors import ExchangeError
+from .seeds import derive_seed
 from .traffic import Traffic
-from .validation import TAG_ERROR_CODE, agree, as_numpy, is_int, tag_as_int64
+from .validation import agree_call, identity_code, is_int
 
 METHODS = ("alltoall", "allgather")
 AGGREGATES = ("sum", "majority")
 _STATE_FORMAT = 1
 # Local error codes in the header (2 is validation's "values must be a 1-D float array").
 _BAD_VALUES, _BAD_LENGTH_OR_SEED = 2, 7
+_ERROR_TEXTS = {_BAD_LENGTH_OR_SEED: "values must have length n and seed must be an integer "
+                                     "(length {detail})"}
 
 
 @dataclass(frozen=True)
 class CompressedResult:
     """What one :meth:`CompressedAllreduce.allreduce` gave on this rank.
 
-    values : float32 length n, the sum over ranks (bitwise identical on every rank).
+    values : float32 length n, the sum over ranks (bitwise identical on every rank), a
+        new array in the input's library and device.
     own : float32 length n, this rank's contribution as the receivers decode it
-        (alltoall: chunk by chunk; allgather: the whole vector's code).
+        (alltoall: chunk by chunk; allgather: the whole vector's code), or None if not
+        asked for; a buffer of the exchange, valid until its next call.
     traffic : :class:`~.traffic.Traffic` of this call on this rank.
     """
 
-    values: np.ndarray
-    own: np.ndarray
+    values: Any
+    own: Any
     traffic: Traffic
 
 
@@ -108,16 +121,19 @@ class CompressedAllreduce(ClosesOnExit):
         self.n, self.codec, self.method = int(n), codec, method
         self.majority = majority
         self.server_error_feedback = bool(server_error_feedback)
-        self._identity = zlib.crc32(repr((repr(codec), getattr(codec, "name", ""), method,
-                                          self.server_error_feedback)).encode())
+        self._identity = identity_code(repr(codec), getattr(codec, "name", ""), method,
+                                       self.server_error_feedback)
         self._comm = CountingComm(comm)
         self.size, self.rank = self._comm.size, self._comm.rank
         P = self.size
         #: chunk j of the alltoall method is [bounds[j], bounds[j + 1])
         self.bounds = [j * self.n // P for j in range(P + 1)]
         self.chunk_sizes = [self.bounds[j + 1] - self.bounds[j] for j in range(P)]
-        own = self.chunk_sizes[self.rank]
-        self.server_residual = np.zeros(own, VALUE_DTYPE) if self.server_error_feedback else None
+        #: bytes of each chunk's code, and where each starts in a buffer of all of them
+        self.chunk_nbytes = [codec.nbytes(s) for s in self.chunk_sizes]
+        self._code_offsets = np.concatenate(([0], np.cumsum(self.chunk_nbytes))).astype(int).tolist()
+        self._server = ErrorFeedback(self.chunk_sizes[self.rank], enabled=self.server_error_feedback)
+        self._scratch = {}
         self._calls = 0
 
     # -------------------------------------------------------------- the bound
@@ -130,111 +146,148 @@ class CompressedAllreduce(ClosesOnExit):
                 + (P - 1) * nbytes(self.chunk_sizes[self.rank]))
 
     # ------------------------------------------------------------------ main
-    def allreduce(self, values, seed, tag=0):
+    def allreduce(self, values, seed, tag=0, want_own=True):
         """Sum ``values`` over the ranks; returns a :class:`CompressedResult`.
 
-        values : 1-D float16/32/64 array (numpy or CPU torch tensor) of length n,
-            encoded as float32.
+        values : 1-D float16/32/64 array of length n, numpy or a torch tensor on any
+            device, encoded as float32; the result is in the same library and device.
         seed : int, the call's seed (every rank the same; the per-rank, per-chunk
             seeds are derived from it as the module docstring says). Negative seeds
             are taken modulo 2**64.
         tag : int in [-2**63, 2**63), the caller's check value (e.g. a CRC of the
             gradient layout); every rank must pass the same.
+        want_own : False skips ``own`` (result.own is None): one pass less.
         Raises ExchangeError on every rank if any rank's input is bad or the ranks
-        disagree on n, method, codec, call count or tag.
+        disagree on n, method, codec, call count or tag; the server residual is then
+        unchanged.
         """
         if self._comm.closed:
             raise RuntimeError("CompressedAllreduce is closed")
         before = self._comm.traffic
         x, error_code, detail = self._check(values)
         if not is_int(seed):
-            error_code, detail = error_code or _BAD_LENGTH_OR_SEED, -1
-            seed = 0
+            error_code, detail, seed = error_code or _BAD_LENGTH_OR_SEED, -1, 0
         seed = int(seed) % 2 ** 64
-        tag_value = tag_as_int64(tag)
-        if tag_value is None:
-            tag_value, error_code = 0, error_code or TAG_ERROR_CODE
-        header = dict(error_code=error_code, error_detail=detail, n=self.n,
-                      algorithm=METHODS.index(self.method), k=-1, call=self._calls, value_dtype=1,
-                      params=self._identity, count=x.size, tag=tag_value)
+        call = self._calls
         self._calls += 1  # on every rank, also when the call is rejected
-        try:
-            agree(self._comm, header, METHODS)
-        except ExchangeError as err:
-            raise ExchangeError(str(err).replace("sparse allreduce", "compressed allreduce").replace(
-                "invalid input", "values must have length n and seed must be an integer")) from None
+        agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._identity,
+                   error_code=error_code, error_detail=detail, algorithm=METHODS.index(self.method),
+                   count=-1 if x is None else x.shape[0], algorithm_names=METHODS,
+                   exchange="compressed allreduce", error_texts=_ERROR_TEXTS)
         if self.method == "allgather":
             out, own = self._allgather(x, seed)
         else:
-            out, own = self._alltoall(x, seed)
-        return CompressedResult(out, own, self._comm.traffic - before)
+            out, own = self._alltoall(x, seed, want_own)
+        return CompressedResult(out, own if want_own else None, self._comm.traffic - before)
 
     def _check(self, values):
-        """(float32 values, error code, detail); never raises."""
-        empty = np.zeros(0, VALUE_DTYPE)
+        """(float32 values or None, error code, detail); never raises."""
         try:
-            x = as_numpy(values)
+            x = values.detach() if tensors.is_torch(values) else np.asarray(values)
+            floating = tensors.namespace(x).isdtype(x.dtype, "real floating")
+            if x.ndim != 1 or not floating:
+                return None, _BAD_VALUES, 0
+            if x.shape[0] != self.n:
+                return None, _BAD_LENGTH_OR_SEED, x.shape[0]
+            if tensors.is_torch(x):
+                return x.to(tensors.dtype_of(x, "float32")).contiguous(), 0, 0
+            return np.ascontiguousarray(x, dtype=np.float32), 0, 0
         except Exception:
-            return empty, _BAD_VALUES, 0
-        if not isinstance(x, np.ndarray) or x.ndim != 1 or x.dtype.kind != "f":
-            return empty, _BAD_VALUES, 0
-        if x.size != self.n:
-            return empty, _BAD_LENGTH_OR_SEED, x.size
-        return np.ascontiguousarray(x, dtype=VALUE_DTYPE), 0, 0
+            return None, _BAD_VALUES, 0
 
-    def _sum(self, codes, sizes, count):
-        """Decode the P consecutive codes of ``count`` values (byte sizes ``sizes``) and sum
-        them in rank order in float32 from zeros."""
-        total = np.zeros(count, VALUE_DTYPE)
-        offset = 0
-        for size in sizes:
-            total += self.codec.decode(codes[offset:offset + size], count)
-            offset += size
+    def _buffer(self, name, count, dtype_name, like):
+        """A scratch buffer reused from call to call (one per name, library and device)."""
+        key = (name, dtype_name, str(getattr(like, "device", "numpy")), tensors.is_torch(like))
+        buffer = self._scratch.get(key)
+        if buffer is None or buffer.shape[0] < count:
+            buffer = self._scratch[key] = tensors.empty(max(count, 1), dtype_name, like)
+        return buffer[:count]
+
+    def _code(self, codes, j):
+        """The code of chunk j in a buffer holding every chunk's code back to back."""
+        return codes[self._code_offsets[j]:self._code_offsets[j + 1]]
+
+    def _alltoall(self, x, seed, want_own):
+        P, rank, codec, b = self.size, self.rank, self.codec, self.bounds
+        # 1. encode every chunk (and what it decodes to, this rank's contribution)
+        codes = self._buffer("codes", self._code_offsets[-1], "uint8", x)
+        own = self._buffer("own", self.n, "float32", x) if want_own else None
+        own_chunk = own[b[rank]:b[rank + 1]] if want_own else \
+            self._buffer("own_chunk", self.chunk_sizes[rank], "float32", x)
+        for j in range(P):
+            decoded = own_chunk if j == rank else None if own is None else own[b[j]:b[j + 1]]
+            codec.encode(x[b[j]:b[j + 1]], derive_seed(seed, rank, j), out=self._code(codes, j),
+                         decoded=decoded)
+        mine = self.chunk_nbytes[rank]
+        received = tensors.from_host(self._comm.alltoallv(tensors.to_host(codes), self.chunk_nbytes,
+                                                          [mine] * P), x)
+        # 2. the owner's sum of the P decoded pieces of its chunk
+        total = self._sum_pieces(received, own_chunk, x)
+        # 3. plus the server residual, re-encoded; what it decodes to is the result's chunk
+        acc = self._server.accumulate(total)
+        out = tensors.new_empty(self.n, "float32", x)
+        code = self._buffer("owner_code", mine, "uint8", x)
+        codec.encode(acc, derive_seed(seed, P + rank, rank), out=code, decoded=out[b[rank]:b[rank + 1]])
+        # 4. every chunk's code to every rank; decode the others' chunks
+        gathered = tensors.from_host(self._comm.allgatherv(tensors.to_host(code), self.chunk_nbytes), x)
+        self._server.commit_minus(acc, out[b[rank]:b[rank + 1]])
+        for j in range(P):
+            if j != rank:
+                codec.decode(self._code(gathered, j), self.chunk_sizes[j], out=out[b[j]:b[j + 1]])
+        if self.majority:
+            out *= P
+        return out, own
+
+    def _sum_pieces(self, received, own_chunk, like):
+        """Decode the P pieces of this rank's chunk (``received``, in rank order) and add them
+        in rank order in float32, from the first; this rank's piece is ``own_chunk`` when given."""
+        count, codec = self.chunk_sizes[self.rank], self.codec
+        nbytes = self.chunk_nbytes[self.rank]
+        total = None
+        for r in range(self.size):
+            reuse = own_chunk is not None and r == self.rank
+            if reuse:
+                piece = own_chunk
+            else:
+                target = self._buffer("total" if total is None else "piece", count, "float32", like)
+                piece = codec.decode(received[r * nbytes:(r + 1) * nbytes], count, out=target)
+            if total is None:
+                total = piece if not reuse or self.size == 1 else \
+                    _copy(self._buffer("total", count, "float32", like), piece)
+            else:
+                total += piece
         return total
 
-    def _vote(self, total):
-        """sign(total) as float32 +-1, sign(0) = +1."""
-        return np.where(total >= 0, VALUE_DTYPE(1), VALUE_DTYPE(-1)).astype(VALUE_DTYPE)
-
     def _allgather(self, x, seed):
-        P, codec = self.size, self.codec
-        code = codec.encode(x, derive_seed(seed, self.rank))
-        size = codec.nbytes(self.n)
-        codes = self._comm.allgatherv(code, [size] * P)
-        total = self._sum(codes, [size] * P, self.n)
-        own = codec.decode(code, self.n)
+        P, rank, codec, n = self.size, self.rank, self.codec, self.n
+        size = codec.nbytes(n)
+        code = self._buffer("codes", size, "uint8", x)
+        own = self._buffer("own", n, "float32", x)
+        codec.encode(x, derive_seed(seed, rank), out=code, decoded=own)
+        gathered = tensors.from_host(self._comm.allgatherv(tensors.to_host(code), [size] * P), x)
+        out = tensors.new_empty(n, "float32", x)
+        for r in range(P):
+            if r == 0:
+                if r == rank:
+                    _copy(out, own)
+                else:
+                    codec.decode(gathered[:size], n, out=out)
+            else:
+                out += own if r == rank else codec.decode(gathered[r * size:(r + 1) * size], n,
+                                                          out=self._buffer("piece", n, "float32", x))
         if self.majority:
-            total = self._vote(total) * VALUE_DTYPE(P)
-        return total, own
-
-    def _alltoall(self, x, seed):
-        P, rank, codec = self.size, self.rank, self.codec
-        b, sizes = self.bounds, self.chunk_sizes
-        pieces = [codec.encode(x[b[j]:b[j + 1]], derive_seed(seed, rank, j)) for j in range(P)]
-        own = np.concatenate([codec.decode(p, s) for p, s in zip(pieces, sizes)]
-                             + [np.zeros(0, VALUE_DTYPE)])
-        send_counts = [codec.nbytes(s) for s in sizes]
-        mine = sizes[rank]
-        recv_counts = [codec.nbytes(mine)] * P
-        received = self._comm.alltoallv(np.concatenate(pieces + [np.zeros(0, np.uint8)]),
-                                        send_counts, recv_counts)
-        total = self._sum(received, recv_counts, mine)
-        if self.majority:
-            total = self._vote(total)
-        if self.server_error_feedback:
-            total = total + self.server_residual
-        code = codec.encode(total, derive_seed(seed, P + rank, rank))
-        if self.server_error_feedback:
-            self.server_residual = total - codec.decode(code, mine)
-        chunks = self._comm.allgatherv(code, send_counts)
-        out, offset = [], 0
-        for size, nbytes in zip(sizes, send_counts):
-            out.append(codec.decode(chunks[offset:offset + nbytes], size))
-            offset += nbytes
-        out = np.concatenate(out + [np.zeros(0, VALUE_DTYPE)]).astype(VALUE_DTYPE, copy=False)
-        if self.majority:
-            out = out * VALUE_DTYPE(P)
+            self._vote(out)
         return out, own
+
+    def _vote(self, total):
+        """total = P * sign(total), sign(0) = +1, in place: the sign bit of P set where total < 0."""
+        negative = self._buffer("negative", total.shape[0], "bool", total)
+        tensors.less_into(total, 0, negative)
+        as_int = total.view(tensors.dtype_of(total, "int32"))
+        as_int[...] = negative
+        as_int <<= 31
+        as_int ^= int(np.float32(self.size).view(np.int32))
+        return total
 
     # ----------------------------------------------------------------- state
     @property
@@ -247,12 +300,17 @@ class CompressedAllreduce(ClosesOnExit):
         """Number of allreduce calls made (the agreed call counter)."""
         return self._calls
 
+    @property
+    def server_residual(self):
+        """The owner's residual (float32, this rank's chunk; the live buffer), or None."""
+        return self._server.residual if self.server_error_feedback else None
+
     def state_dict(self):
         """numpy/int-only dict: identity, call counter, server residual (empty if none)."""
-        residual = self.server_residual
+        residual = (self._server.state_dict()["residual"] if self.server_error_feedback
+                    else np.zeros(0, np.float32))
         return {"format": _STATE_FORMAT, "n": self.n, "world_size": self.size, "calls": self._calls,
-                "method": METHODS.index(self.method),
-                "server_residual": (np.zeros(0, VALUE_DTYPE) if residual is None else residual.copy())}
+                "method": METHODS.index(self.method), "server_residual": residual}
 
     def load_state_dict(self, d):
         """Restore :meth:`state_dict` (same n, method and world size; each rank its own)."""
@@ -261,11 +319,12 @@ class CompressedAllreduce(ClosesOnExit):
             if int(d.get(key, -1)) != mine:
                 raise ValueError(f"state_dict {key} is {d.get(key)!r}, this exchange has {mine!r}")
         if self.server_error_feedback:
-            residual = np.asarray(d["server_residual"], dtype=VALUE_DTYPE)
-            if residual.shape != self.server_residual.shape:
+            residual = np.asarray(d["server_residual"], dtype=np.float32)
+            expected = (self.chunk_sizes[self.rank],)
+            if residual.shape != expected:
                 raise ValueError(f"state_dict server_residual has shape {residual.shape}, "
-                                 f"expected {self.server_residual.shape}")
-            self.server_residual = residual.copy()
+                                 f"expected {expected}")
+            self._server.load_state_dict({"residual": residual})
         self._calls = int(d["calls"])
 
     # --------------------------------------------------------------- closing
@@ -276,3 +335,9 @@ class CompressedAllreduce(ClosesOnExit):
     def __repr__(self):
         return (f"CompressedAllreduce(n={self.n}, codec={self.codec!r}, method={self.method!r}, "
                 f"server_error_feedback={self.server_error_feedback})")
+
+
+def _copy(target, source):
+    """target[...] = source (same dtype); returns target."""
+    target[...] = source
+    return target

@@ -39,30 +39,48 @@ def key_to_magnitude(key, value_dtype):
 def sum_duplicates(index_pieces, value_pieces, value_dtype):
     """Sum several sparse vectors: sorted unique indices (int64) and their sums.
 
-    Sums are accumulated in float64 in the order the pieces are given (then cast
-    to ``value_dtype``), so the result depends only on the inputs, never on the rank.
+    Sums are accumulated in float64 in the order the pieces are given, starting from 0.0
+    (then cast to ``value_dtype``), so the result depends only on the inputs, never on
+    the rank.
+
+    1. Concatenate; a stable sort (timsort: the pieces are usually sorted runs, one per
+       rank, which it merges) keeps equal indices in piece order.
+    2. The first entry of each index starts its sum (0.0 + value); the later ones are
+       added in order (``np.add.at``, sequential), each a value of another piece.
     """
     value_dtype = np.dtype(value_dtype)
     if not index_pieces:
         return np.empty(0, np.int64), np.empty(0, value_dtype)
-    indices = np.concatenate([np.asarray(p, dtype=np.int64) for p in index_pieces])
-    values = np.concatenate([np.asarray(p, dtype=np.float64) for p in value_pieces])
-    if indices.size == 0:
-        return indices, values.astype(value_dtype)
-    unique, inverse = np.unique(indices, return_inverse=True)
-    sums = np.bincount(inverse.ravel(), weights=values, minlength=unique.size)
-    return unique, sums.astype(value_dtype)
+    indices = np.concatenate([np.asarray(p) for p in index_pieces])                 # step 1
+    values = np.concatenate([np.asarray(p) for p in value_pieces])
+    if indices.size > 1 and not np.all(indices[1:] > indices[:-1]):
+        order = np.argsort(indices, kind="stable")
+        indices, values = indices[order], values[order]
+    first = np.empty(indices.size, dtype=bool)                                      # step 2
+    first[:1] = True
+    np.not_equal(indices[1:], indices[:-1], out=first[1:])
+    sums = values[first].astype(np.float64) + 0.0  # + 0.0: a sum of -0.0 alone is 0.0
+    later = np.flatnonzero(~first)
+    if later.size:
+        starts = np.flatnonzero(first)
+        np.add.at(sums, np.searchsorted(starts, later, side="right") - 1, values[later].astype(np.float64))
+    return indices[first].astype(np.int64), sums.astype(value_dtype)
 
 
 def top_k_by_magnitude(indices, values, k):
-    """The ``k`` entries of largest |value| (ties: smaller index first), sorted by index."""
+    """The ``k`` entries of largest |value| (ties: smaller index first), sorted by index.
+
+    ``indices`` must be sorted. O(m): one partition finds the k-th largest magnitude key,
+    everything above it is kept, and the first (lowest-index) ties fill up to ``k``.
+    """
     if indices.size <= k:
         return indices, values
     keys = magnitude_keys(values)
-    # lexsort: last key is primary.  ~keys sorts magnitudes descending.
-    order = np.lexsort((indices, ~keys))[:k]
-    order.sort()  # indices are sorted, so sorting positions sorts by index
-    return indices[order], values[order]
+    kth = np.partition(keys, keys.size - k)[keys.size - k]
+    keep = keys > kth
+    ties = np.flatnonzero(keys == kth)[:k - int(np.count_nonzero(keep))]
+    keep[ties] = True
+    return indices[keep], values[keep]
 
 
 def values_at(indices, values, targets):

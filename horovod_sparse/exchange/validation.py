@@ -6,7 +6,14 @@ int64), and then EVERY rank raises the same :class:`ExchangeError` naming the
 offending ranks - or every rank goes on.  That turns "bad input on one rank"
 and "ranks called with different n / algorithm / k / call order" into a clear
 error everywhere instead of a hang or silent corruption.
+
+Every exchange builds its header the same way: :func:`agree_call` (identity fields, call
+counter, tag, local error -> the agreed table, or ExchangeError on every rank), with
+:func:`identity_code` for the parameters that must match; :func:`agree` is the
+underlying collective on a ready header dict.
 """
+import zlib
+
 import numpy as np
 
 from .errors import ExchangeError
@@ -111,12 +118,47 @@ class LocalInput:
         return None
 
 
-def agree(comm, header, algorithm_names=()):
+def identity_code(*fields):
+    """One int (a CRC32 of their repr) standing for the parameters every rank must share,
+    for the header's ``params`` field."""
+    return zlib.crc32(repr(fields).encode())
+
+
+def agree_call(comm, *, n, call, tag, params, error_code=0, error_detail=0, algorithm=0, k=-1,
+               value_dtype=1, count=0, algorithm_names=(), exchange="sparse allreduce",
+               error_texts=None):
+    """Build this rank's agreement header and agree on it: the one helper every exchange
+    (sparse allreduce, compressed allreduce, PowerSGD, FFT) calls before any data moves.
+
+    n, algorithm, k, params (:func:`identity_code`), value_dtype : the call's identity,
+        which every rank must share (algorithm: an index into ``algorithm_names``).
+    call : the exchange's call counter (every rank's must match: same order of calls).
+    tag : the caller's check value (an int64; anything else is this rank's error 6).
+    error_code, error_detail : this rank's local input error (0: none); the texts of
+        the codes are ``_ERROR_TEXT`` updated with ``error_texts`` ({code: text with
+        optional {detail}}).
+    count : a per-rank number the caller wants from every rank (e.g. its entry count).
+    exchange : the name the error message gives the exchange.
+
+    Returns the agreed table as {field: int64 array of P values}. Raises ExchangeError,
+    the same on every rank, naming the offending ranks and fields.
+    """
+    tag_value = tag_as_int64(tag)
+    if tag_value is None:  # reported by every rank through the header, never raised alone
+        tag_value, error_code = 0, error_code or TAG_ERROR_CODE
+    header = dict(error_code=error_code, error_detail=error_detail, n=n, algorithm=algorithm, k=k,
+                  call=call, value_dtype=value_dtype, params=params, count=count, tag=tag_value)
+    return agree(comm, header, algorithm_names, exchange=exchange, error_texts=error_texts)
+
+
+def agree(comm, header, algorithm_names=(), exchange="sparse allreduce", error_texts=None):
     """Allgather the int64 ``header`` (dict over HEADER_FIELDS); raise on any problem.
 
     Returns the (P, len(HEADER_FIELDS)) int64 table of all headers, so callers can
-    reuse the per-rank ``count`` column without another collective.
+    reuse the per-rank ``count`` column without another collective. ``exchange`` and
+    ``error_texts`` as in :func:`agree_call`.
     """
+    texts = {**_ERROR_TEXT, **(error_texts or {})}
     mine = np.array([int(header[f]) for f in HEADER_FIELDS], dtype=np.int64)
     table = np.empty((comm.size, mine.size), dtype=np.int64)
     comm.allgather(mine, table, control=True)
@@ -125,7 +167,7 @@ def agree(comm, header, algorithm_names=()):
     problems = []
     for rank in np.flatnonzero(col["error_code"]):
         code = int(col["error_code"][rank])
-        text = _ERROR_TEXT.get(code, "invalid input").format(detail=int(col["error_detail"][rank]))
+        text = texts.get(code, "invalid input").format(detail=int(col["error_detail"][rank]))
         problems.append(f"rank {rank}: {text} (n = {int(col['n'][rank])})")
     for field in _AGREED:
         values = col[field]
@@ -137,6 +179,6 @@ def agree(comm, header, algorithm_names=()):
             per_rank = ", ".join(f"rank {r}: {show(int(v))}" for r, v in enumerate(values))
             problems.append(f"ranks disagree on {field} ({per_rank})")
     if problems:
-        raise ExchangeError(f"sparse allreduce call {int(header['call'])} rejected on every rank "
+        raise ExchangeError(f"{exchange} call {int(header['call'])} rejected on every rank "
                             "before any data moved: " + "; ".join(problems))
     return col

@@ -3,20 +3,26 @@
 A buffer of ``n`` elements is cut into chunks of ``chunk_size`` consecutive elements;
 the last chunk is shorter when ``chunk_size`` does not divide ``n`` and is transformed
 at its own length (no padding, so no coefficient describes elements that do not
-exist). Each chunk of length L has L // 2 + 1 complex coefficients
-(``np.fft.rfft(chunk, norm="ortho")``); coefficient j of the whole buffer (chunks in
-order) is stored at float positions 2j (real part) and 2j + 1 (imaginary part). The
-sparse exchange's index space is thus [0, 2 * n_coefficients).
+exist). Each chunk of length L has L // 2 + 1 complex coefficients (rfft, norm="ortho");
+coefficient j of the whole buffer (chunks in order) is stored at float positions 2j
+(real part) and 2j + 1 (imaginary part). The sparse exchange's index space is thus
+[0, 2 * n_coefficients).
 
-The transforms run in float64 and the spectrum / signal are rounded to float32.
+The transforms run in float32, in the buffer's own library: ``numpy.fft`` (pocketfft) for
+numpy and, through zero-copy views, CPU tensors; ``torch.fft`` elsewhere (cuFFT on a GPU).
+All full chunks go through one batched call on a ``(chunks, chunk_size)`` view, written
+into preallocated buffers (``out=``): nothing of size n is allocated.
+
 "ortho" makes each chunk's transform orthonormal up to the Hermitian symmetry
 (Parseval): ``sum(x**2) == sum(weight * |X|**2)`` with weight 1 for the DC and (even
 L) Nyquist coefficients and 2 for the others, whose negative-frequency twins are
-implied; ``weight * |X|**2`` is the energy a coefficient carries into the signal.
+implied; ``weight * |X|**2`` is the energy a coefficient carries into the signal, and
+what :meth:`ChunkedSpectrum.energy_keys` ranks.
 """
-import numpy as np
+from horovod_sparse.ops import tensors
 
-VALUE_DTYPE = np.float32
+#: coefficients per block when the energies are computed (the squares stay in cache)
+_ENERGY_BLOCK = 1 << 16
 
 
 class ChunkedSpectrum:
@@ -34,74 +40,75 @@ class ChunkedSpectrum:
         self.tail_coefficients = self.tail // 2 + 1 if self.tail else 0
         self.n_coefficients = self.full_chunks * self.full_coefficients + self.tail_coefficients
         self.size = 2 * self.n_coefficients                           # floats in the index space
-        self.weights = np.concatenate([np.tile(_weights(self.chunk_size), self.full_chunks),
-                                       _weights(self.tail) if self.tail else np.empty(0)])
 
-    def forward(self, x):
-        """float32 spectrum of length ``size`` (re, im interleaved) of the buffer ``x``."""
-        x = np.asarray(x, dtype=np.float64)
+    def _parts(self, signal, spectrum):
+        """(signal part, complex spectrum part, length) of the full chunks and of the tail."""
         split = self.full_chunks * self.chunk_size
+        split_c = 2 * self.full_chunks * self.full_coefficients
         parts = []
         if self.full_chunks:
-            parts.append(np.fft.rfft(x[:split].reshape(self.full_chunks, self.chunk_size),
-                                     axis=1, norm="ortho").ravel())
+            parts.append((signal[:split].reshape(self.full_chunks, self.chunk_size),
+                          tensors.complex_view(spectrum[:split_c]).reshape(self.full_chunks, -1),
+                          self.chunk_size))
         if self.tail:
-            parts.append(np.fft.rfft(x[split:], norm="ortho"))
-        coefficients = np.concatenate(parts) if parts else np.empty(0, np.complex128)
-        return coefficients.astype(np.complex64).view(VALUE_DTYPE)
+            parts.append((signal[split:], tensors.complex_view(spectrum[split_c:]), self.tail))
+        return parts
 
-    def inverse(self, spectrum):
-        """float32 buffer of length ``n`` from a spectrum of length ``size``. The imaginary
-        parts of DC and Nyquist coefficients are ignored (irfft's convention)."""
-        spectrum = np.ascontiguousarray(spectrum, dtype=VALUE_DTYPE)
-        coefficients = spectrum.view(np.complex64).astype(np.complex128)
-        split = self.full_chunks * self.full_coefficients
-        parts = []
+    def forward(self, x, out):
+        """Write the float32 spectrum (length ``size``, re/im interleaved) of the float32
+        buffer ``x`` into ``out`` (same library and device); return ``out``."""
+        fft = tensors.backend(x).fft
+        for signal, coefficients, _ in self._parts(x, out):
+            fft.rfft(signal, None, -1, "ortho", out=coefficients)
+        return out
+
+    def inverse(self, spectrum, out):
+        """Write the float32 buffer (length ``n``) of ``spectrum`` (length ``size``) into
+        ``out``; return it. The imaginary parts of DC and Nyquist coefficients are
+        ignored (irfft's convention)."""
+        fft = tensors.backend(spectrum).fft
+        for signal, coefficients, length in self._parts(out, spectrum):
+            fft.irfft(coefficients, length, -1, "ortho", out=signal)
+        return out
+
+    def energy_keys(self, spectrum, out, scratch, block=_ENERGY_BLOCK):
+        """int32 keys, ordered like every coefficient's energy ``weight * |X|**2``, written
+        into ``out`` (a float32 buffer of ``n_coefficients``, reinterpreted; returned as its
+        int32 view). ``scratch``: float32, at least ``2 * min(n_coefficients, block)``;
+        ``block`` coefficients are squared at a time (on CPU the squares stay in cache).
+
+        Computed in float32 as (re*re + im*im), halved for DC and Nyquist: scaling by a
+        power of two ranks like the weights 1 and 2 do, and cannot overflow. The keys are
+        the float bits (:func:`~horovod_sparse.ops.tensors.magnitude_keys`): exact integer
+        comparisons, NaN above everything.
+        """
+        lib = tensors.backend(spectrum)
+        pairs = spectrum.reshape(-1, 2)
+        for start in range(0, self.n_coefficients, block):
+            stop = min(start + block, self.n_coefficients)
+            squares = scratch[:2 * (stop - start)].reshape(-1, 2)
+            lib.multiply(pairs[start:stop], pairs[start:stop], out=squares)
+            lib.add(squares[:, 0], squares[:, 1], out=out[start:stop])
+        full = self.full_chunks * self.full_coefficients
         if self.full_chunks:
-            parts.append(np.fft.irfft(coefficients[:split].reshape(self.full_chunks, -1),
-                                      n=self.chunk_size, axis=1, norm="ortho").ravel())
+            _halve_edges(out[:full].reshape(self.full_chunks, -1), self.chunk_size)
         if self.tail:
-            parts.append(np.fft.irfft(coefficients[split:], n=self.tail, norm="ortho"))
-        out = np.concatenate(parts) if parts else np.empty(0)
-        return out.astype(VALUE_DTYPE)
-
-    def energies(self, spectrum):
-        """float64 energy ``weight * |X|**2`` of every coefficient (Parseval share)."""
-        s = np.asarray(spectrum, dtype=np.float64)
-        return self.weights * (s[0::2] ** 2 + s[1::2] ** 2)
+            _halve_edges(out[full:].reshape(1, -1), self.tail)
+        return tensors.magnitude_keys(out, out=tensors.int_view(out))
 
 
-def _weights(length):
-    """Parseval weights of the rfft coefficients of a chunk of ``length``."""
-    w = np.full(length // 2 + 1, 2.0)
-    w[0] = 1.0
+def _halve_edges(energies, length):
+    """Halve the DC (and, for even ``length``, Nyquist) column of (chunks, coefficients)."""
+    energies[:, 0] *= 0.5
     if length % 2 == 0:
-        w[-1] = 1.0
-    return w
+        energies[:, -1] *= 0.5
 
 
-def top_coefficients(energies, kept):
-    """Sorted int64 positions of the ``kept`` largest ``energies`` (ties: lower position
-    first; NaN counts as largest, so a broken gradient is sent rather than hidden).
-
-    O(size): one partition for the threshold, then the ties at the threshold by position.
-    """
-    count = energies.size
-    if kept >= count:
-        return np.arange(count, dtype=np.int64)
-    if kept <= 0:
-        return np.empty(0, np.int64)
-    e = np.where(np.isnan(energies), np.inf, energies)
-    threshold = np.partition(e, count - kept)[count - kept]
-    above = e > threshold
-    ties = np.flatnonzero(e == threshold)[:kept - int(above.sum())]
-    above[ties] = True
-    return np.flatnonzero(above).astype(np.int64)
-
-
-def coefficient_positions(coefficients):
-    """Float positions (2j, 2j + 1) of sorted coefficients j, sorted int64."""
-    positions = np.empty(2 * coefficients.size, np.int64)
-    positions[0::2] = 2 * coefficients
-    positions[1::2] = 2 * coefficients + 1
-    return positions
+def coefficient_positions(coefficients, out):
+    """Float positions (2j, 2j + 1) of sorted int64 coefficients j, written into the int64
+    buffer ``out`` (twice as long, same library); returns it, sorted."""
+    pairs = out.reshape(-1, 2)
+    lib = tensors.backend(out)
+    lib.multiply(coefficients, 2, out=pairs[:, 0])
+    lib.add(pairs[:, 0], 1, out=pairs[:, 1])
+    return out

@@ -5,6 +5,12 @@ every rank must obtain the same orthonormal basis from it. Only element-wise num
 operations and numpy's own reductions are used (no BLAS: a multi-threaded BLAS may
 split a dot product differently on different ranks), in float64 so that the squares
 of small float32 gradients neither underflow nor lose digits.
+
+It runs on the host, where the summed P arrives from MPI, whatever the gradient's device:
+the factor is small (rows x r), numpy's element-wise code gives the same bits on every
+rank whatever its device, library or thread count (a GPU's reductions need not match a
+CPU's), and the orthonormal basis crosses to the device instead of the raw sum: no extra
+traffic.
 """
 import numpy as np
 

@@ -83,18 +83,11 @@ class Plan:
         return repr((self.n, self.padded, [(m.offset, m.rows, m.cols, m.rank) for m in self.matrices],
                      self.dense_slices))
 
-    def dense_of(self, buffer):
-        """The dense vector (float32 copy) of a length-n buffer."""
+    def dense_positions(self):
+        """int64 buffer positions of the dense vector, in its order (numpy)."""
         if not self.dense_slices:
-            return np.empty(0, dtype=np.float32)
-        return np.concatenate([buffer[a:b] for a, b in self.dense_slices]).astype(np.float32, copy=False)
-
-    def put_dense(self, buffer, dense):
-        """Write the dense vector back into its places in ``buffer``."""
-        at = 0
-        for a, b in self.dense_slices:
-            buffer[a:b] = dense[at:at + b - a]
-            at += b - a
+            return np.empty(0, np.int64)
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in self.dense_slices])
 
 
 def make_plan(n, rank, min_compression_rate, layout=None):

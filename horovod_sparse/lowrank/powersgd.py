@@ -1,28 +1,45 @@
 """PowerSGD (Vogels, Karimireddy, Jaggi, NeurIPS'19), as PyTorch's DDP ``powerSGD_hook``.
 
 One :class:`PowerSGDPipeline` holds what one fused gradient buffer of length ``n`` needs on
-this rank from step to step: the error-feedback residual, the warm-start Q of every
-compressed matrix, a step counter and a :class:`~horovod_sparse.exchange.comm.CountingComm`
-(a duplicated communicator that counts every byte). It has the interface of
-:class:`~horovod_sparse.sparsify.Sparsifier`, so the frontends drive it the same way.
+this rank from step to step: the error-feedback memory (:class:`~horovod_sparse.memory.ErrorFeedback`),
+the warm-start Q of every compressed matrix, a step counter and a
+:class:`~horovod_sparse.exchange.comm.CountingComm` (a duplicated communicator that counts
+every byte). It has the interface of :class:`~horovod_sparse.sparsify.Sparsifier`, so the
+frontends drive it the same way.
 
-One step, per compressed matrix M (a x b, see :mod:`.plan`), with rank r:
+The buffer is numpy or a torch tensor on any device, and the step runs there
+(:mod:`horovod_sparse.ops.tensors`; on CPU through numpy's kernels on zero-copy views,
+:func:`~horovod_sparse.ops.tensors.kernel_view`). Only the factors cross to the host, for
+the two mpi4py Allreduces: P and the dense vector out, their sum back as the orthonormal
+basis and the dense sum; Q out, its sum back; the start Q's in.
 
-1. M = gradient + residual (error feedback);
+One step, per compressed matrix M (a x b, see :mod:`.plan`; products in :mod:`.factors`),
+with rank r:
+
+1. M = gradient + residual (error feedback: ``memory.accumulate``, one pass);
 2. Q <- orthonormalised Q (the summed Q of the previous step with warm start, else a
    fresh standard-normal draw; the first Q is a draw too). Draws come from
    ``np.random.default_rng([seed, matrix index, step])`` and so are identical on every
    rank. Orthonormalising Q first, as PyTorch does, keeps P at the scale of M instead
    of M M^T (it changes nothing else: the span of P is the same);
-3. P = M Q; ONE Allreduce (sum) of all P matrices and the dense vector, float32;
-4. P_orth = Gram-Schmidt(sum of P) (:mod:`.orthogonal`; identical on every rank);
-5. Q_local = M^T P_orth; a second Allreduce (sum) of all Q matrices, float32;
+3. P = M Q (float32); ONE Allreduce (sum) of all P matrices and the dense vector, float32;
+4. P_orth = Gram-Schmidt(sum of P) (:mod:`.orthogonal`), where the sum arrived: on the
+   host, in float64 numpy without BLAS, so every rank gets the same bits whatever its
+   device, library or thread count; rounded to float32 and sent to the device;
+5. Q_local = M^T P_orth (float32); a second Allreduce (sum) of all Q matrices, float32;
 6. result = P_orth (sum of Q)^T; this rank's share ``kept`` = P_orth Q_local^T (so the
-   result is the sum over ranks of ``kept``, up to float32 rounding of the Q sum);
-   residual = M - kept; the summed Q is the next step's warm start.
+   result is the sum over ranks of ``kept``, up to float32 rounding of the Q sum); both
+   are r element-wise products summed in order (:func:`.factors.expand`), identical on
+   every rank and in every library. The residual M - kept is written into the
+   accumulated buffer chunk by chunk (kept never exists at size n), the dense part is
+   cleared (``memory.commit_cleared``); the summed Q is the next step's warm start.
 
 The dense part (1-D gradients, matrices too small or too thin to gain) is summed exactly
 by the first Allreduce; its ``kept`` is the accumulated value and its residual zero.
+
+Passes over the buffer per step: the accumulate (read 2, write 1), P = M Q and
+Q = M^T P (read 1 each), the result (write 1, a new buffer) and the residual (read and
+write acc once, the products staying in cache).
 
 Bytes (payload, counted by CountingComm's ring model, sent = received), per step:
 ``8 * (N1 - c(N1)) + 8 * (N2 - c(N2))`` with ``N1 = sum_m r_m a_m + dense_n`` (P's and the
@@ -31,48 +48,82 @@ this rank i's ring chunk, i.e. ``2(P-1)/P * 4 * (sum_m r_m (a_m + b_m) + dense_n
 divides N1 and N2. An empty Allreduce is skipped (no bytes, no message). On top of that,
 control bytes: one Allgather of a 10-int64 agreement header, 80 (P-1) bytes each way.
 """
-import zlib
-from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from horovod_sparse.exchange.comm import CountingComm
-from horovod_sparse.exchange.errors import ExchangeError
-from horovod_sparse.exchange.traffic import Traffic
-from horovod_sparse.exchange.validation import TAG_ERROR_CODE, agree, tag_as_int64
 from horovod_sparse.checks import check_bool, check_int
 from horovod_sparse.closing import ClosesOnExit
+from horovod_sparse.exchange.comm import CountingComm
+from horovod_sparse.exchange.errors import ExchangeError
+from horovod_sparse.exchange.validation import agree_call, identity_code
+from horovod_sparse.memory import ErrorFeedback
+from horovod_sparse.ops import tensors
 
+from .factors import BlockView, back_project, expand_block, project, scratch_elements, transposed
 from .orthogonal import orthonormalize
 from .plan import make_plan
 
 _STATE_FORMAT = 1
 #: error code of this rank's header when its gradient is not a 1-D float array of length n
-#: (printed by the agreement as "invalid input"; ``error_detail`` holds the length seen)
+#: (``error_detail`` holds the length seen, -1 when it is not even 1-D)
 BAD_GRADIENT_CODE = 20
+_ERROR_TEXTS = {BAD_GRADIENT_CODE: "invalid input: grad is not a 1-D float array of length n "
+                                   "(length {detail})"}
 _ALGORITHM_NAMES = ("powersgd",)
 _HINT = (" [PowerSGD: 'invalid input' = that rank's grad is not a 1-D float array of length n; "
          "'params' = the ranks' layouts (or rank, error_feedback, warm_start, seed, "
          "min_compression_rate) differ]")
+#: elements per chunk of rows when the result and residual are written on CPU (256 KiB:
+#: the products stay in cache); other devices do a block at once
+_CPU_CHUNK = 1 << 18
 
 
-@dataclass(frozen=True)
 class PowerSGDStepInfo:
     """What one :meth:`PowerSGDPipeline.step` did on this rank.
 
     step : the step's number (0-based).
-    kept : float32 length n, this rank's contribution: P_orth Q_local^T on compressed
-        matrices, the accumulated gradient on the dense part. With error feedback,
-        kept + new residual == gradient + old residual (up to one float32 rounding).
+    kept : float32 length n, in the gradient's library and device, this rank's
+        contribution: P_orth Q_local^T on compressed matrices, the accumulated gradient
+        on the dense part. With error feedback, kept + new residual == gradient + old
+        residual (up to one float32 rounding). Computed on first access, from the
+        step's factors, by the code that wrote the residual (the same bits).
     traffic : :class:`~horovod_sparse.exchange.Traffic` of this step on this rank.
     compressed_matrices : number of matrices exchanged as P and Q.
     """
 
-    step: int
-    kept: np.ndarray
-    traffic: Traffic
-    compressed_matrices: int
+    def __init__(self, step, traffic, compressed_matrices, make_kept):
+        self.step, self.traffic, self.compressed_matrices = step, traffic, compressed_matrices
+        self._make_kept, self._kept = make_kept, None
+
+    @property
+    def kept(self):
+        if self._kept is None:
+            self._kept = self._make_kept()
+        return self._kept
+
+
+class _Workspace:
+    """The buffers of a pipeline, allocated once per library and device of the gradient.
+
+    On the device (the gradient's library): ``send`` (the P's then the dense vector),
+    ``q_send``, ``dense_positions`` and ``scratch`` for :func:`expand_block`. On the host
+    (numpy, for mpi4py): ``p_summed``, ``q_summed``, ``basis`` (the orthonormalised summed
+    P's, float32) and ``start`` (the orthonormalised start Q's).
+    """
+
+    def __init__(self, plan, like, numpy_on_cpu):
+        self.place = _place(like, numpy_on_cpu)
+        p, q, dense = plan.p_size, plan.q_size, plan.dense_size
+        self.send = tensors.empty(p + dense, "float32", like)
+        self.q_send = tensors.empty(q, "float32", like)
+        self.dense_positions = _moved(plan.dense_positions(), like)
+        self.p_summed, self.q_summed = np.empty(p + dense, np.float32), np.empty(q, np.float32)
+        self.basis, self.start = np.empty(p, np.float32), np.empty(q, np.float32)
+        on_cpu = not tensors.is_torch(like) or like.device.type == "cpu"
+        self.chunk = _CPU_CHUNK if on_cpu else max([b.rows * b.cols for b in plan.matrices] or [1])
+        size = scratch_elements(plan.matrices, self.chunk)
+        self.scratch = (tensors.empty(size, "float32", like), tensors.empty(size, "float32", like))
 
 
 class PowerSGDPipeline(ClosesOnExit):
@@ -101,9 +152,11 @@ class PowerSGDPipeline(ClosesOnExit):
         A matrix is compressed when a*b >= min_compression_rate * r*(a+b).
 
     Attributes: ``n``, ``plan`` (:class:`~.plan.Plan`), ``approx_rank``, ``step_count``,
-    ``residual`` (float32 length n, or None without error feedback), ``last``
-    (:class:`PowerSGDStepInfo`, None before the first step), ``traffic`` (cumulative),
-    ``world_rank``, ``world_size``.
+    ``residual`` (float32 length n in the gradient's library, or None without error
+    feedback), ``last`` (:class:`PowerSGDStepInfo`, None before the first step),
+    ``traffic`` (cumulative), ``world_rank``, ``world_size``, ``numpy_on_cpu`` (True: CPU
+    tensors run numpy's kernels on zero-copy views, the same bits as numpy input; False
+    runs torch's, as on a GPU).
 
     Guarantee (tested): span(P) = span((sum_i M_i) Q), so when the sum over ranks of the
     accumulated matrices has rank <= r the result is that sum, in exact arithmetic. In
@@ -112,6 +165,8 @@ class PowerSGDPipeline(ClosesOnExit):
     with warm start so does every later step while the row space stays put (the summed
     Q then spans it). Fresh spaces every step with a warm Q are not covered.
     """
+
+    numpy_on_cpu = True
 
     def __init__(self, n, comm, rank, layout=None, error_feedback=True, warm_start=True, seed=0,
                  min_compression_rate=2.0):
@@ -131,14 +186,16 @@ class PowerSGDPipeline(ClosesOnExit):
         self.layout = layout
         self.plan = make_plan(self.n, self.approx_rank, self.min_compression_rate, layout)
         # Everything the ranks must share beyond n and rank, as one int in the header.
-        identity = (self.plan.signature(), None if layout is None else layout.tag, self.error_feedback,
-                    self.warm_start, self.seed, self.min_compression_rate)
-        self._params_code = zlib.crc32(repr(identity).encode())
+        self._params_code = identity_code(
+            self.plan.signature(), None if layout is None else layout.tag, self.error_feedback,
+            self.warm_start, self.seed, self.min_compression_rate)
+        self._spans = _factor_spans(self.plan)
 
         self._comm = CountingComm(comm)  # collective: after every local check
         self.world_rank, self.world_size = self._comm.rank, self._comm.size
-        self._residual = np.zeros(self.n, np.float32) if self.error_feedback else None
+        self._memory = ErrorFeedback(self.n, self.error_feedback)
         self._q = [self._draw(i, 0) for i in range(len(self.plan.matrices))]
+        self._workspace = None
         self.step_count = 0
         self._calls = 0
         self.last: Optional[PowerSGDStepInfo] = None
@@ -146,7 +203,7 @@ class PowerSGDPipeline(ClosesOnExit):
     # ------------------------------------------------------------------ state
     @property
     def residual(self):
-        return self._residual
+        return self._memory.residual if self.error_feedback else None
 
     @property
     def traffic(self):
@@ -155,7 +212,7 @@ class PowerSGDPipeline(ClosesOnExit):
 
     @property
     def q_matrices(self):
-        """The Q of every compressed matrix the next step starts from (float32, cols x r)."""
+        """The Q of every compressed matrix the next step starts from (float32 numpy, cols x r)."""
         return list(self._q)
 
     def _draw(self, index, step):
@@ -172,110 +229,120 @@ class PowerSGDPipeline(ClosesOnExit):
             basis, _ = orthonormalize(self._draw(index, step))
         return basis
 
-    def _matrix(self, acc, block):
-        """The (rows, cols) float32 view of a block of the accumulated buffer (a padded copy
-        when the whole buffer is one matrix and n is not rows * cols)."""
-        if block.rows * block.cols == block.size:
-            return acc[block.offset:block.offset + block.size].reshape(block.rows, block.cols)
-        padded = np.zeros(block.rows * block.cols, np.float32)
-        padded[:block.size] = acc[block.offset:block.offset + block.size]
-        return padded.reshape(block.rows, block.cols)
-
     # ------------------------------------------------------------------- step
-    def _local_error(self, grad):
-        """(error code, detail, grad as float32 or None): checked here, reported by agree()."""
+    def _checked(self, grad):
+        """(error code, detail, grad as contiguous float32 or None): reported by the agreement."""
         try:
+            if tensors.is_torch(grad):
+                g = grad.detach()
+                if g.dim() != 1 or g.numel() != self.n or not g.is_floating_point():
+                    return BAD_GRADIENT_CODE, g.numel() if g.dim() == 1 else -1, None
+                return 0, 0, g.to(tensors.dtype_of(g, "float32")).contiguous()
             g = np.asarray(grad)
             if g.ndim != 1 or g.size != self.n or g.dtype.kind != "f":
                 return BAD_GRADIENT_CODE, g.size if g.ndim == 1 else -1, None
-            return 0, 0, g.astype(np.float32, copy=False)
+            return 0, 0, np.ascontiguousarray(g, dtype=np.float32)
         except Exception:  # anything odd is bad input, reported on every rank
             return BAD_GRADIENT_CODE, -1, None
 
     def step(self, grad, tag=0):
         """Exchange this step's gradient; return the sum over ranks of what they kept.
 
-        grad : 1-D float array of length n (cast to float32), this rank's gradient.
+        grad : 1-D float buffer of length n (numpy, or a torch tensor on any device; cast
+            to float32), this rank's gradient. Never modified.
         tag : int every rank passes identically (a CRC of the layout).
 
-        Returns a new float32 array of length n, bitwise identical on every rank. Bad
-        input on any rank, or ranks disagreeing on n, rank, layout/parameters, tag or
-        call count, raise ExchangeError on every rank before any data moves; if the
-        exchange raises, the pipeline's state is left as it was.
+        Returns a new float32 buffer of length n in grad's library and device, bitwise
+        identical on every rank. Bad input on any rank, or ranks disagreeing on n, rank,
+        layout/parameters, tag or call count, raise ExchangeError on every rank before
+        any data moves; if the exchange raises, the pipeline's state is left as it was.
         """
         if self._comm.closed:
             raise RuntimeError("PowerSGDPipeline is closed")
         before = self._comm.traffic
-        code, detail, grad32 = self._local_error(grad)
-        tag_value = tag_as_int64(tag)
-        if tag_value is None:
-            tag_value = 0
-            code = code or TAG_ERROR_CODE
+        code, detail, grad = self._checked(grad)
         plan = self.plan
-        header = dict(error_code=code, error_detail=detail, n=self.n, algorithm=0, k=self.approx_rank,
-                      call=self._calls, value_dtype=1, params=self._params_code,
-                      count=plan.p_size + plan.dense_size, tag=tag_value)
-        self._calls += 1  # on every rank, also when the call is rejected
+        call, self._calls = self._calls, self._calls + 1  # on every rank, also when rejected
         try:
-            agree(self._comm, header, _ALGORITHM_NAMES)
+            agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
+                       error_code=code, error_detail=detail, k=self.approx_rank,
+                       count=plan.p_size + plan.dense_size, algorithm_names=_ALGORITHM_NAMES,
+                       exchange="PowerSGD", error_texts=_ERROR_TEXTS)
         except ExchangeError as err:
             raise ExchangeError(str(err) + _HINT) from None
 
-        acc = grad32 + self._residual if self.error_feedback else grad32
-        blocks = plan.matrices
-        p_size, q_size = plan.p_size, plan.q_size
+        acc = self._memory.accumulate(grad)                                         # step 1
+        ws = self._workspace_for(acc)
+        kernel = self._kernel
+        m = kernel(acc)
+        lib = tensors.backend(m)
+        blocks = [BlockView(m, block) for block in plan.matrices]
 
-        # Round 1: every P, then the dense vector, in one buffer.
-        send = np.empty(p_size + plan.dense_size, np.float32)
-        at = 0
-        for i, block in enumerate(blocks):
-            width = block.rows * block.rank
-            send[at:at + width] = (self._matrix(acc, block) @ self._start_q(i, self.step_count)).ravel()
-            at += width
-        send[at:] = plan.dense_of(acc)
-        summed = self._allreduce(send)
+        for i, (block, _, q_span) in enumerate(self._spans):                        # step 2
+            ws.start[q_span] = self._start_q(i, self.step_count).ravel()
+        start = kernel(tensors.from_host(ws.start, acc))
 
-        # Round 2: every Q against the orthonormalised summed P.
-        bases, q_local = [], np.empty(q_size, np.float32)
-        at_p = at_q = 0
-        for block in blocks:
-            p = summed[at_p:at_p + block.rows * block.rank].reshape(block.rows, block.rank)
-            basis, _ = orthonormalize(p)
-            bases.append(basis)
-            width = block.cols * block.rank
-            q_local[at_q:at_q + width] = (self._matrix(acc, block).T @ basis).ravel()
-            at_p += block.rows * block.rank
-            at_q += width
-        q_summed = self._allreduce(q_local)
+        send = kernel(ws.send)                                                      # step 3
+        for view, (block, p_span, q_span) in zip(blocks, self._spans):
+            project(lib, view, _factor(start, q_span, block.cols), _factor(send, p_span, block.rows))
+        _gather_dense(plan, m, send[plan.p_size:])
+        p_summed = self._allreduce(tensors.to_host(ws.send), ws.p_summed)
 
-        out = np.empty(self.n, np.float32)
-        kept = np.empty(self.n, np.float32)
-        new_q, at_q = [], 0
-        for block, basis in zip(blocks, bases):
-            width = block.cols * block.rank
-            q_sum = q_summed[at_q:at_q + width].reshape(block.cols, block.rank)
-            mine = q_local[at_q:at_q + width].reshape(block.cols, block.rank)
-            at_q += width
-            span = slice(block.offset, block.offset + block.size)
-            out[span] = _outer_sum(basis, q_sum).ravel()[:block.size]
-            # Local only (no agreement needed), so BLAS may do it.
-            kept[span] = (basis @ mine.astype(np.float64).T).ravel()[:block.size]
-            new_q.append(q_sum.copy())
-        plan.put_dense(out, summed[p_size:])
-        plan.put_dense(kept, send[p_size:])  # the dense part is kept whole
+        for block, p_span, _ in self._spans:                                        # step 4
+            basis, _ = orthonormalize(p_summed[p_span].reshape(block.rows, block.rank))
+            ws.basis[p_span] = basis.ravel()
+        basis = tensors.from_host(ws.basis, acc)
 
-        # Commit (nothing above changed the state).
+        q_local = kernel(ws.q_send)                                                 # step 5
+        for view, (block, p_span, q_span) in zip(blocks, self._spans):
+            back_project(lib, view, _factor(kernel(basis), p_span, block.rows),
+                         _factor(q_local, q_span, block.cols))
+        q_summed = self._allreduce(tensors.to_host(ws.q_send), ws.q_summed)
+        q_sum = tensors.from_host(q_summed, acc)
+
+        # Step 6 in the buffer's own library: element-wise work, where torch's CPU kernels
+        # beat numpy's broadcasting ones (4096 x 2048 outer product: 1 vs 4 ms).
+        out = tensors.new_empty(self.n, "float32", acc)                             # step 6
+        self._expand(out, basis, q_sum, ws)
+        _scatter_dense(plan, tensors.from_host(p_summed[plan.p_size:], acc), out)
+        factors = (_copy(basis), _copy(ws.q_send), _copy(ws.send[plan.p_size:]))
         if self.error_feedback:
-            self._residual = acc - kept
+            self._expand(acc, basis, ws.q_send, ws, subtract=True)
+            self._memory.commit_cleared(acc, ws.dense_positions)
         if self.warm_start:
-            self._q = new_q
-        self.last = PowerSGDStepInfo(self.step_count, kept, self._comm.traffic - before, len(blocks))
+            self._q = [q_summed[q_span].reshape(block.cols, block.rank).copy()
+                       for block, _, q_span in self._spans]
+        self.last = PowerSGDStepInfo(self.step_count, self._comm.traffic - before, len(blocks),
+                                     lambda: self._kept(ws.send, *factors))
         self.step_count += 1
         return out
 
-    def _allreduce(self, send):
-        """Sum ``send`` over ranks (float32); skipped when empty (every rank has the same plan)."""
-        out = np.empty_like(send)
+    def _kernel(self, x):
+        return tensors.kernel_view(x, self.numpy_on_cpu)
+
+    def _workspace_for(self, like):
+        if self._workspace is None or self._workspace.place != _place(like, self.numpy_on_cpu):
+            self._workspace = _Workspace(self.plan, like, self.numpy_on_cpu)
+        return self._workspace
+
+    def _expand(self, target, basis, q, ws, subtract=False):
+        """For every matrix: target's block = (or -=) basis q^T (see :func:`.factors.expand_block`)."""
+        lib = tensors.backend(target)
+        for block, p_span, q_span in self._spans:
+            expand_block(lib, BlockView(target, block), transposed(_factor(basis, p_span, block.rows)),
+                         transposed(_factor(q, q_span, block.cols)), ws.scratch, ws.chunk,
+                         subtract=subtract)
+
+    def _kept(self, like, basis, q_local, dense):
+        """This rank's contribution, from the step's factors (see :class:`PowerSGDStepInfo`)."""
+        kept = tensors.new_empty(self.n, "float32", like)
+        self._expand(kept, basis, q_local, self._workspace_for(like))
+        _scatter_dense(self.plan, dense, kept)
+        return kept
+
+    def _allreduce(self, send, out):
+        """Sum ``send`` over ranks (float32) into ``out``; skipped when empty (every rank has
+        the same plan)."""
         if send.size:
             self._comm.allreduce(send, out)
         return out
@@ -283,10 +350,10 @@ class PowerSGDPipeline(ClosesOnExit):
     # ------------------------------------------------------------ checkpoints
     def state_dict(self):
         """numpy arrays and ints only: residual, warm-start Q's, step and call counters."""
+        residual = self._memory.state_dict()["residual"] if self.error_feedback else np.empty(0, np.float32)
         d = {"format": _STATE_FORMAT, "n": self.n, "params": self._params_code,
              "step": self.step_count, "calls": self._calls, "q_count": len(self._q),
-             "residual": (self._residual.copy() if self._residual is not None
-                          else np.empty(0, np.float32))}
+             "residual": residual}
         d.update({f"q_{i}": q.copy() for i, q in enumerate(self._q)})
         return d
 
@@ -305,7 +372,8 @@ class PowerSGDPipeline(ClosesOnExit):
         residual = np.asarray(d["residual"], np.float32)
         if self.error_feedback and residual.shape != (self.n,):
             raise ValueError(f"state_dict residual has shape {residual.shape}, expected ({self.n},)")
-        self._residual = residual.copy() if self.error_feedback else None
+        if self.error_feedback:
+            self._memory.load_state_dict({"residual": residual})
         self._q = [q.copy() for q in qs]
         self.step_count = int(d["step"])
         self._calls = int(d["calls"])
@@ -321,11 +389,50 @@ class PowerSGDPipeline(ClosesOnExit):
                 f"step={self.step_count})")
 
 
-def _outer_sum(basis, q):
-    """basis @ q.T in float64, as a fixed sequence of element-wise products and sums (no
-    BLAS), so every rank turns the same (basis, q) into the same bits."""
-    q = q.astype(np.float64)
-    out = basis[:, :1] * q[:, 0]
-    for j in range(1, basis.shape[1]):
-        out += basis[:, j:j + 1] * q[:, j]
-    return out
+def _factor_spans(plan):
+    """(block, its P's slice of the P buffer, its Q's slice of the Q buffer), in plan order."""
+    spans, at_p, at_q = [], 0, 0
+    for block in plan.matrices:
+        spans.append((block, slice(at_p, at_p + block.rows * block.rank),
+                      slice(at_q, at_q + block.cols * block.rank)))
+        at_p += block.rows * block.rank
+        at_q += block.cols * block.rank
+    return spans
+
+
+def _factor(flat, span, rows):
+    """The (rows, r) factor at ``span`` of a flat factor buffer (a view)."""
+    return flat[span].reshape(rows, -1)
+
+
+def _gather_dense(plan, buffer, dense):
+    """Copy the dense slices of ``buffer`` back to back into ``dense``."""
+    at = 0
+    for a, b in plan.dense_slices:
+        dense[at:at + b - a] = buffer[a:b]
+        at += b - a
+
+
+def _scatter_dense(plan, dense, buffer):
+    """The inverse of :func:`_gather_dense`: the dense vector into its places in ``buffer``."""
+    at = 0
+    for a, b in plan.dense_slices:
+        buffer[a:b] = dense[at:at + b - a]
+        at += b - a
+
+
+def _copy(x):
+    return x.clone() if tensors.is_torch(x) else x.copy()
+
+
+def _place(like, numpy_on_cpu):
+    """Where a workspace's buffers live and which kernels run on them."""
+    return tensors.is_torch(like), str(getattr(like, "device", "")), bool(numpy_on_cpu)
+
+
+def _moved(array, like):
+    """A numpy array (setup data, not per-step traffic) in ``like``'s library and device."""
+    if not tensors.is_torch(like):
+        return array
+    import torch
+    return torch.from_numpy(array).to(like.device)

@@ -7,28 +7,50 @@ new code is one small class.
 
 Contract, relied on by every exchange:
 
-* ``encode(values, seed)`` takes a 1-D float32 array and returns a 1-D ``uint8``
-  array of exactly ``nbytes(values.size)`` bytes. It is deterministic given
-  ``(values, seed)``: stochastic codes draw from ``np.random.default_rng(seed)``.
-* ``decode(data, count)`` returns a new 1-D float32 array of ``count`` values. It is
-  a pure function of the bytes, so every rank decoding the same bytes gets bitwise
-  the same floats.
+* ``encode(values, seed, out=None, decoded=None)`` takes a 1-D float32 array (numpy, or
+  a torch tensor on any device) and returns a 1-D ``uint8`` array of exactly
+  ``nbytes(values.size)`` bytes in the same library and device (written into ``out``
+  if given). It is deterministic given ``(values, seed)``: stochastic codes draw from
+  the counter-based stream of :mod:`.uniform`, identical in numpy and torch. With
+  ``decoded`` (a float32 buffer of the same length) it also writes what ``decode``
+  will give for that code, without unpacking it again.
+* ``decode(data, count, out=None)`` returns ``count`` float32 values in ``data``'s
+  library and device (a new array, or ``out``). It is a pure function of the bytes,
+  so every rank decoding the same bytes gets bitwise the same floats, and numpy and
+  torch decode the same bytes to the same floats.
 * ``nbytes(count)`` depends only on ``count`` (and the codec's parameters), so a
   receiver can size its buffers without asking.
 * ``aggregate`` says how decoded contributions combine: ``"sum"`` (the default), or
-  ``"majority"`` (signSGD's vote: the result is P * sign(sum), sign(0) = +1).
+  ``"majority"`` (signSGD's vote: the result is P * sign(sum), sign(0) = +1; such a code
+  keeps only signs, sign(0) = +1, so the code of a sum is the code of its vote).
+
+Scratch buffers live in the codec (:mod:`.scratch`): one codec instance serves one
+pipeline, one call at a time.
 """
 import numpy as np
+
+from horovod_sparse.exchange.seeds import derive_seed  # noqa: F401  (its historical home)
+from horovod_sparse.ops import tensors
+
+from .scratch import Scratch
 
 VALUE_DTYPE = np.float32
 
 
-def derive_seed(*parts):
-    """One 63-bit seed from a few non-negative ints (base seed, step, rank, chunk, ...).
+def as_values(values):
+    """``values`` as a contiguous 1-D float32 array: a torch tensor stays on its device,
+    anything else becomes numpy (copied only if needed)."""
+    if tensors.is_torch(values):
+        import torch
+        return values.detach().reshape(-1).to(torch.float32).contiguous()
+    return np.ascontiguousarray(np.asarray(values).ravel(), dtype=VALUE_DTYPE)
 
-    Uses numpy's SeedSequence, so nearby inputs give unrelated streams.
-    """
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+def as_bytes(data):
+    """``data`` as a 1-D uint8 array (a torch tensor stays a tensor)."""
+    if tensors.is_torch(data):
+        return data.reshape(-1)
+    return np.ascontiguousarray(data, dtype=np.uint8).ravel()
 
 
 class ValueCodec:
@@ -40,10 +62,10 @@ class ValueCodec:
     #: "sum" or "majority"
     aggregate = "sum"
 
-    def encode(self, values, seed=0):
+    def encode(self, values, seed=0, out=None, decoded=None):
         raise NotImplementedError
 
-    def decode(self, data, count):
+    def decode(self, data, count, out=None):
         raise NotImplementedError
 
     def nbytes(self, count):
@@ -51,8 +73,31 @@ class ValueCodec:
 
     def roundtrip(self, values, seed=0):
         """``decode(encode(values, seed))``: what a receiver would see."""
-        values = np.ascontiguousarray(values, dtype=VALUE_DTYPE)
-        return self.decode(self.encode(values, seed), values.size)
+        values = as_values(values)
+        return self.decode(self.encode(values, seed), values.shape[0])
+
+    @property
+    def scratch(self):
+        """This codec's reusable temporaries (created on first use, never pickled)."""
+        if "_scratch" not in self.__dict__:
+            self.__dict__["_scratch"] = Scratch()
+        return self.__dict__["_scratch"]
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_scratch"}
+
+    def _code_buffer(self, out, count, like):
+        """``out`` checked, or a new uint8 buffer of ``nbytes(count)`` like ``like``."""
+        size = self.nbytes(count)
+        if out is None:
+            return tensors.new_empty(size, "uint8", like)
+        if out.shape[0] != size:
+            raise ValueError(f"out holds {out.shape[0]} bytes, the code of {count} values has {size}")
+        return out
+
+    @staticmethod
+    def _value_buffer(out, count, like):
+        return tensors.new_empty(count, "float32", like) if out is None else out[:count]
 
     def __repr__(self):
         return f"{type(self).__name__}()"
@@ -63,12 +108,19 @@ class Float32Codec(ValueCodec):
 
     name = "float32"
 
-    def encode(self, values, seed=0):
-        return np.ascontiguousarray(values, dtype=VALUE_DTYPE).view(np.uint8).copy()
+    def encode(self, values, seed=0, out=None, decoded=None):
+        x = as_values(values)
+        out = self._code_buffer(out, x.shape[0], x)
+        out[...] = x.view(tensors.dtype_of(x, "uint8"))
+        if decoded is not None:
+            decoded[...] = x
+        return out
 
-    def decode(self, data, count):
-        return np.frombuffer(np.ascontiguousarray(data, dtype=np.uint8).tobytes(), VALUE_DTYPE,
-                             count=count).copy()
+    def decode(self, data, count, out=None):
+        data = as_bytes(data)
+        out = self._value_buffer(out, count, data)
+        out.view(tensors.dtype_of(out, "uint8"))[...] = data[:4 * count]
+        return out
 
     def nbytes(self, count):
         return 4 * int(count)

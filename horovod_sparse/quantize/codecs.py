@@ -3,8 +3,15 @@
 Each is a :class:`~horovod_sparse.quantize.codec.ValueCodec` (see its contract):
 ``encode(values, seed)`` -> exactly ``nbytes(count)`` uint8, ``decode(data, count)``
 -> float32, pure. Layouts are "header, then bit-packed codes" (headers are float32
-little-endian; codes packed by :mod:`.bitpack`, LSB first). Stochastic codes draw
-only from ``np.random.default_rng(seed)``; deterministic ones ignore ``seed``.
+little-endian; codes packed by :mod:`.bitpack`, LSB first).
+
+Written once over :mod:`horovod_sparse.ops.tensors`: the same code runs on numpy and on
+torch tensors on any device, and gives bitwise the same bytes and floats on both,
+because every step is elementwise IEEE float32 or integer arithmetic, the random
+numbers are the counter-based stream of :mod:`.uniform`, and the headers' sums are
+fixed-order trees (:mod:`.sums`). Each encode is a few in-place passes over the values
+into reused scratch buffers (:mod:`.scratch`); each decode writes its floats once or
+twice.
 
 Nothing here raises on data (encoders run inside collective exchanges, where a raise
 on one rank would leave the others waiting); what non-finite input gives is stated per
@@ -15,70 +22,333 @@ References: QSGD, Alistarh et al., NeurIPS'17; TernGrad, Wen et al., NeurIPS'17;
 signSGD / Signum, Bernstein et al., ICML'18; EF-signSGD, Karimireddy et al., ICML'19;
 1-bit SGD, Seide et al., Interspeech'14.
 """
+import functools
 import math
 
 import numpy as np
 
 from horovod_sparse.checks import check_int
+from horovod_sparse.ops import tensors
 
-from .bitpack import pack, packed_nbytes, unpack
-from .codec import VALUE_DTYPE, ValueCodec
-
-_F32 = np.dtype("<f4")
-
-
-def _as_values(values):
-    return np.ascontiguousarray(np.asarray(values).ravel(), dtype=VALUE_DTYPE)
+from .bitpack import code_dtype, pack_into, packed_nbytes, padded_count, unpack_into
+from .codec import ValueCodec, as_bytes, as_values
+from .sums import tree_sum_rows
+from .uniform import random_int16
 
 
-def _floats_to_bytes(*floats):
-    return np.array(floats, dtype=_F32).view(np.uint8)
+# --------------------------------------------------------------- small helpers
+def _quiet(method):
+    """Run ``method`` with numpy's floating-point warnings off: overflow, NaN and 0/0 are
+    part of the codes' documented behaviour (torch never warns)."""
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return method(*args, **kwargs)
+    return wrapped
 
 
-def _bytes_to_floats(data, count, offset=0):
-    return np.frombuffer(np.ascontiguousarray(data[offset:offset + 4 * count], dtype=np.uint8).tobytes(),
-                         _F32, count=count).astype(VALUE_DTYPE)
+def _scalar(value, like):
+    """A Python number as a float32 scalar that keeps float32 arithmetic in ``like``'s library
+    (numpy would compute an integer array times a Python float in float64)."""
+    return float(value) if tensors.is_torch(like) else np.float32(value)
 
 
-def _sign_bits(values):
-    """1 where the value is negative (x < 0), else 0: sign(0) = sign(-0) = sign(NaN) = +1."""
-    return (values < 0).astype(np.uint8)
+def _write_floats(out, floats):
+    """Write the float32 1-D ``floats`` as the first 4 * len bytes of the uint8 ``out``."""
+    k = floats.shape[0]
+    if tensors.is_torch(floats):
+        if floats.stride(0) != 1:  # a column of a matrix (a tree's sums)
+            import torch
+            floats = torch.empty(k, dtype=floats.dtype, device=floats.device).copy_(floats)
+    else:
+        floats = np.ascontiguousarray(floats)
+    out[:4 * k] = floats.view(tensors.dtype_of(floats, "uint8"))
 
 
+def _read_floats(data, k, scratch):
+    """The first ``k`` float32 of the uint8 ``data`` (copied to an aligned scratch buffer)."""
+    aligned = scratch.get("header", 4 * k, "uint8", data)
+    aligned[...] = data[:4 * k]
+    return aligned.view(tensors.dtype_of(aligned, "float32"))
+
+
+def _aligned_view(data, dtype_name, scratch, name):
+    """``data`` (uint8) viewed as ``dtype_name``; via an aligned scratch copy if ``data``
+    starts at an offset torch cannot view (numpy views any offset)."""
+    itemsize = np.dtype(dtype_name).itemsize
+    if tensors.is_torch(data) and (data.storage_offset() % itemsize or data.shape[0] == 0):
+        copy = scratch.get(name, data.shape[0], "uint8", data)
+        copy[...] = data
+        data = copy
+    return data.view(tensors.dtype_of(data, dtype_name))
+
+
+def _negative_bits(x, scratch):
+    """uint8 0/1 per value, 1 where x < 0 (so sign(0) = sign(-0) = sign(NaN) = +1), in a
+    zero-padded buffer of ``padded_count`` values (the 1-bit packer's input)."""
+    count = x.shape[0]
+    mask = scratch.get("negative", padded_count(count), "bool", x)
+    tensors.less_into(x, 0, mask[:count])
+    mask[count:] = False
+    return mask.view(tensors.dtype_of(mask, "uint8"))
+
+
+def _signed(bits, count, magnitude, out):
+    """out = magnitude where bit is 0, -magnitude where it is 1 (``magnitude`` a float32
+    scalar or 0-d array): the float's sign bit flipped, exact for every float."""
+    as_int = out.view(tensors.dtype_of(out, "int32"))
+    as_int[...] = bits[:count]
+    as_int <<= 31
+    tensors.backend(out).bitwise_xor(as_int, tensors.int_view(magnitude), out=as_int)
+    return out
+
+
+def _select(bits, count, when_zero, when_one, out):
+    """out = when_zero where bit is 0, when_one where it is 1 (0-d float32 arrays), bitwise
+    exactly: the int32 bits of ``when_zero ^ (-bit & (when_zero ^ when_one))``."""
+    lib = tensors.backend(out)
+    as_int = out.view(tensors.dtype_of(out, "int32"))
+    zero_bits, one_bits = tensors.int_view(when_zero), tensors.int_view(when_one)
+    as_int[...] = bits[:count]
+    lib.negative(as_int, out=as_int)
+    lib.bitwise_and(as_int, lib.bitwise_xor(zero_bits, one_bits), out=as_int)
+    lib.bitwise_xor(as_int, zero_bits, out=as_int)
+    return out
+
+
+def _sqrt(values):
+    """float32 square roots rounded to nearest, as IEEE defines them. torch's CPU kernel
+    can be 1 ulp off, so each root moves to the neighbour whose rounding interval holds
+    the exact root: the float64 squares of float32 midpoints are exact. (Small arrays.)"""
+    lib, xp = tensors.backend(values), tensors.namespace(values)
+    root = lib.sqrt(values)
+    down = lib.nextafter(root, xp.zeros_like(root))
+    up = lib.nextafter(root, xp.full_like(root, math.inf))
+    wide, as_wide = xp.astype(values, xp.float64), (lambda v: xp.astype(v, xp.float64))
+    low_mid = (as_wide(root) + as_wide(down)) / 2
+    high_mid = (as_wide(root) + as_wide(up)) / 2
+    root = xp.where(wide < low_mid * low_mid, down, root)
+    return xp.where(wide > high_mid * high_mid, up, root)
+
+
+# ----------------------------------------------------------------------- bf16
 class BF16Codec(ValueCodec):
     """bfloat16: the top 16 bits of the float32, rounded to nearest, ties to even.
 
-    Layout: ``count`` little-endian uint16 (2 bytes per value, no header).
+    Layout: ``count`` little-endian int16 (2 bytes per value, no header).
     Error: |decode(x) - x| <= 2**-8 * |x| for normal values (8 significant bits,
     half an ulp); float32 subnormals keep bfloat16's (coarser) subnormal grid.
-    Non-finite: +-inf stay +-inf; NaN stays NaN (the quiet bit is forced, so a
-    payload in the low bits cannot round into inf); finite values of magnitude
-    >= (2 - 2**-8) * 2**127 round to +-inf, as IEEE rounding does.
+    Non-finite: +-inf stay +-inf; every NaN becomes the quiet NaN 0x7FC0 (whatever its
+    sign and payload); finite values of magnitude >= (2 - 2**-8) * 2**127 round to
+    +-inf, as IEEE rounding does.
+
+    Encode: torch's own cast (numpy: the rounding in int32 arithmetic), then NaNs are
+    made canonical when the sum of the values says there may be one. Decode: the
+    int16 codes shifted into the top half of int32 words.
     """
 
     name = "bf16"
-
-    def encode(self, values, seed=0):
-        bits = _as_values(values).view(np.uint32)
-        # Round to nearest even on the 16 dropped bits: add 0x7FFF plus the kept LSB.
-        rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
-                   >> np.uint32(16)).astype(np.uint16)
-        nan = np.isnan(bits.view(VALUE_DTYPE))
-        if nan.any():
-            rounded[nan] = ((bits[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
-        return rounded.astype("<u2").view(np.uint8)
-
-    def decode(self, data, count):
-        half = np.frombuffer(np.ascontiguousarray(data[:2 * count], dtype=np.uint8).tobytes(), "<u2",
-                             count=count)
-        return (half.astype(np.uint32) << np.uint32(16)).view(VALUE_DTYPE)
+    _QUIET_NAN = 0x7FC0
 
     def nbytes(self, count):
         return 2 * int(count)
 
+    @_quiet
+    def encode(self, values, seed=0, out=None, decoded=None):
+        x = as_values(values)
+        out = self._code_buffer(out, x.shape[0], x)
+        in_place = not tensors.is_torch(out) or (out.storage_offset() % 2 == 0 and out.shape[0] > 0)
+        codes = (out.view(tensors.dtype_of(out, "int16")) if in_place
+                 else self.scratch.get("codes", x.shape[0], "int16", x))
+        tensors.bfloat16_bits(x, codes)
+        xp = tensors.namespace(x)
+        if not math.isfinite(float(xp.sum(x))):  # one fast reduction; NaN only if it says so
+            nan = xp.isnan(x)
+            if bool(xp.any(nan)):
+                codes[nan] = self._QUIET_NAN
+        if not in_place:
+            out[...] = codes.view(tensors.dtype_of(codes, "uint8"))
+        if decoded is not None:
+            self._values(codes, decoded)
+        return out
 
-class QSGDCodec(ValueCodec):
-    """QSGD (Alistarh et al., NeurIPS'17): per bucket, the L2 norm and stochastic levels.
+    @_quiet
+    def decode(self, data, count, out=None):
+        data = as_bytes(data)[:2 * count]
+        out = self._value_buffer(out, count, data)
+        return self._values(_aligned_view(data, "int16", self.scratch, "codes"), out)
+
+    @staticmethod
+    def _values(codes, out):
+        """float32 whose top 16 bits are the codes, low 16 bits zero."""
+        as_int = out.view(tensors.dtype_of(out, "int32"))
+        as_int[...] = codes
+        as_int <<= 16
+        return out
+
+
+# --------------------------------------------------- stochastic levels: QSGD, TernGrad
+class _StochasticLevels(ValueCodec):
+    """Shared by QSGD and TernGrad: per bucket a float32 scale, per value an unbiased
+    stochastic level in {-s, .., s}, carried as the offset code ``level + s``.
+
+    For a value x of a bucket with scale S (its header; ``levels`` = s):
+
+    1. ``inv = s / S`` in float32 (S = 0, S not finite, or s / S overflowing: the bucket
+       is *broken* and all its codes are s, i.e. level 0);
+    2. ``code = trunc(x * inv + (h + 65536 s + 32768.5) * 2**-16)`` in float32 (each
+       product and sum rounded), with h the value's int16 of :mod:`.uniform`: for
+       s < 128 the second term is s + u exactly, u uniform in (0, 1), so
+       ``code - s = floor(x * inv + u)``, a stochastic rounding of x * inv: unbiased;
+    3. decode: ``(code - s) * (S / s)`` in float32.
+
+    x * inv lies in [-s, s] up to float32 rounding, so codes lie in [0, 2s]; for
+    s > 31 that rounding could reach 2s + 1, so codes are clipped to [0, 2s] there.
+    Layout: the B bucket scales (float32), then the codes, ``bits = 1 +
+    ceil(log2(s + 1))`` each, bit-packed.
+    """
+
+    stochastic = True
+
+    def __init__(self, levels):
+        self.levels = levels
+        self.bits = 1 + math.ceil(math.log2(self.levels + 1))
+
+    def _bucket(self, count):
+        raise NotImplementedError
+
+    def _buckets(self, count):
+        raise NotImplementedError
+
+    def _scales(self, x, bucket, scratch):
+        """float32 per-bucket scales S (a scratch view), the codec's own statistic."""
+        raise NotImplementedError
+
+    def nbytes(self, count):
+        return 4 * self._buckets(count) + packed_nbytes(count, self.bits)
+
+    @_quiet
+    def encode(self, values, seed=0, out=None, decoded=None):
+        x = as_values(values)
+        count, scratch, s = x.shape[0], self.scratch, self.levels
+        out = self._code_buffer(out, count, x)
+        if count == 0:
+            if self._buckets(0):
+                out[...] = 0
+            return out
+        lib, xp = tensors.backend(x), tensors.namespace(x)
+        bucket = self._bucket(count)
+        scales = self._scales(x, bucket, scratch)
+        _write_floats(out, scales)
+        # 1. inv = s / S per bucket; broken buckets get inv = 0 (and level 0 below)
+        inv = scratch.get("inverse", scales.shape[0], "float32", x)
+        inv[...] = s
+        lib.divide(inv, scales, out=inv)
+        good = xp.isfinite(inv) & xp.isfinite(scales)
+        broken = None if bool(xp.all(good)) else ~good
+        if broken is not None:
+            inv[broken] = 0
+        steps = self._steps(scales, scratch) if decoded is not None else None
+        # 2. y = x * inv + (h + 65536 s + 32768.5) * 2**-16, codes = trunc(y); block by
+        # block, so that the temporaries stay in cache
+        packed = out[4 * scales.shape[0]:]
+        for start, stop, first in _blocks(count, bucket, scales.shape[0]):
+            codes = scratch.get("codes", padded_count(stop - start), code_dtype(self.bits), x)
+            codes[stop - start:] = 0
+            y = scratch.get("levels", stop - start, "float32", x)
+            _per_bucket(lib.multiply, x[start:stop], inv[first:], bucket, y)
+            noise = scratch.get("noise", stop - start, "float32", x)
+            tensors.cast_into(noise, random_int16(stop - start, seed, scratch, x, start))
+            noise += 65536.0 * s + 32768.5
+            noise *= 2.0 ** -16
+            y += noise
+            if broken is not None:  # NaN * 0 in a broken bucket: level 0 there
+                _broken_rows(y, broken[first:], bucket, s)
+            if s > 31:
+                lib.clip(y, 0, 2 * s, out=y)
+            if self.bits <= 8:
+                tensors.cast_into(codes[:stop - start], y)
+            else:  # via int32: codes up to 65535 do not fit int16's positive range
+                wide = scratch.get("wide", stop - start, "int32", x)
+                codes[:stop - start] = tensors.cast_into(wide, y)
+            if decoded is not None:
+                self._values(codes[:stop - start], steps[first:], bucket, decoded[start:stop])
+            pack_into(codes, self.bits, stop - start, packed[start * self.bits // 8:], scratch)
+        return out
+
+    @_quiet
+    def decode(self, data, count, out=None):
+        data = as_bytes(data)
+        out = self._value_buffer(out, count, data)
+        if count == 0:
+            return out
+        scratch = self.scratch
+        scales = _read_floats(data, self._buckets(count), scratch)
+        packed = data[4 * scales.shape[0]:]
+        steps, bucket = self._steps(scales, scratch), self._bucket(count)
+        for start, stop, first in _blocks(count, bucket, scales.shape[0]):
+            codes = scratch.get("codes", padded_count(stop - start), code_dtype(self.bits), data)
+            unpack_into(packed[start * self.bits // 8:], self.bits, stop - start, codes, scratch)
+            self._values(codes[:stop - start], steps[first:], bucket, out[start:stop])
+        return out
+
+    def _steps(self, scales, scratch):
+        """S / s per bucket: the value of one level."""
+        steps = scratch.get("steps", scales.shape[0], "float32", scales)
+        return tensors.backend(scales).divide(scales, _scalar(self.levels, scales), out=steps)
+
+    def _values(self, codes, steps, bucket, out):
+        """3. out = (code - s) * (S / s) (codes of whole buckets, or of part of the only bucket)."""
+        lib, s = tensors.backend(out), self.levels
+        if self.bits == 16:  # int16 holds codes >= 32768 as negative numbers
+            wide = self.scratch.get("wide", codes.shape[0], "int32", out)
+            wide[...] = codes
+            wide &= 0xFFFF
+            codes = wide
+        tensors.cast_into(out, codes)
+        out -= s
+        _per_bucket(lib.multiply, out, steps, bucket, out)
+        return out
+
+
+#: values per block of the stochastic codes' encode and decode (1 MB of float32)
+BLOCK = 1 << 18
+
+
+def _blocks(count, bucket, buckets):
+    """(start, stop, first bucket) of consecutive blocks of about :data:`BLOCK` values, each
+    a multiple of 8 values and, with several buckets, of whole buckets."""
+    unit = 8 if buckets == 1 else bucket * 8 // math.gcd(bucket, 8)
+    size = unit * max(1, BLOCK // unit)
+    for start in range(0, count, size):
+        yield start, min(start + size, count), 0 if buckets == 1 else start // bucket
+
+
+def _per_bucket(op, x, per_bucket, bucket, out):
+    """out = op(x, per_bucket[bucket of each value]) for consecutive buckets of ``bucket``
+    values starting at x[0] (the last one may be shorter), as one broadcast over full
+    buckets plus the tail."""
+    count = x.shape[0]
+    full = count // bucket
+    if full:
+        op(x[:full * bucket].reshape(full, bucket), per_bucket[:full, None],
+           out=out[:full * bucket].reshape(full, bucket))
+    if full * bucket < count:
+        op(x[full * bucket:], per_bucket[full], out=out[full * bucket:count])
+
+
+def _broken_rows(y, broken, bucket, level):
+    """y = level (code s, level 0) in the buckets flagged ``broken``."""
+    count = y.shape[0]
+    full = count // bucket
+    if full:
+        y[:full * bucket].reshape(full, bucket)[broken[:full]] = level
+    if full * bucket < count and bool(broken[full]):
+        y[full * bucket:] = level
+
+
+class QSGDCodec(_StochasticLevels):
+    """QSGD (Alistarh et al., NeurIPS'17): per bucket the L2 norm and stochastic levels.
 
     Parameters
     ----------
@@ -88,127 +358,91 @@ class QSGDCodec(ValueCodec):
     bucket_size : int in [1, 2**31 - 1]
         Values per bucket d (each bucket has its own norm); 512 by default.
 
-    For a value x of a bucket with norm ||v||_2 (stored as float32, ``norm``), let
-    r = |x| * (s / norm); l = floor(r) + 1 with probability r - floor(r), else floor(r);
-    decode = sign(x) * norm * l / s. E[decode] = x (unbiased, up to float32 rounding
-    of the stored norm and decoded value); Var <= min(d/s**2, sqrt(d)/s) * norm**2 per
-    bucket, and per value Var <= (norm / s)**2 / 4.
+    The scale of a bucket is its L2 norm, ``sqrt`` of the fixed-order float32 tree sum
+    (:mod:`.sums`) of the squares; then the stochastic levels of
+    :class:`_StochasticLevels` with s = ``levels``: |x| * s / norm is rounded up with
+    probability equal to its fractional part (up to 2**-17), the sign kept; E[decode] =
+    x up to float32 rounding; Var <= min(d/s**2, sqrt(d)/s) * norm**2 per bucket, and
+    per value Var <= (norm / s)**2 / 4.
 
     Layout (``nbytes(count) = 4 * ceil(count / bucket_size) + ceil(count * bits / 8)``
-    with ``bits = 1 + ceil(log2(levels + 1))``):
+    with ``bits = 1 + ceil(log2(levels + 1))``): one float32 norm per bucket, in bucket
+    order; then per value the code ``level + s`` (level in [-s, s], signed), bits each.
 
-    * header: one float32 norm per bucket, in bucket order;
-    * codes: per value ``l << 1 | negative`` (sign bit is the LSB, set for x < 0),
-      ``bits`` bits each, bit-packed.
-
-    Non-finite: a bucket holding an inf or NaN has a non-finite norm, gets all levels
-    0, and decodes as NaN entirely (inf * 0); so does a bucket whose norm overflows
-    float32 (values near the float32 maximum). Other buckets are unaffected.
+    Non-finite: a bucket holding an inf or NaN, or whose squares overflow float32
+    (|x| >= ~1.8e19), has a non-finite norm, gets all levels 0 and decodes as NaN
+    entirely (0 * inf); other buckets are unaffected. A bucket whose norm is 0 or below
+    s * 2**-128 decodes as 0.
     """
 
     name = "qsgd"
-    stochastic = True
 
     def __init__(self, levels=16, bucket_size=512):
-        self.levels = check_int("levels", levels, 1, 2 ** 15 - 1)
+        super().__init__(check_int("levels", levels, 1, 2 ** 15 - 1))
         self.bucket_size = check_int("bucket_size", bucket_size, 1, 2 ** 31 - 1)
-        self.bits = 1 + math.ceil(math.log2(self.levels + 1))
+
+    def _bucket(self, count):
+        return self.bucket_size
 
     def _buckets(self, count):
         return -(-int(count) // self.bucket_size)
 
-    def nbytes(self, count):
-        return 4 * self._buckets(count) + packed_nbytes(count, self.bits)
-
-    def encode(self, values, seed=0):
-        x = _as_values(values)
-        count = x.size
-        if count == 0:
-            return np.zeros(0, np.uint8)
-        starts = np.arange(0, count, self.bucket_size)
-        x64 = x.astype(np.float64)
-        with np.errstate(over="ignore", invalid="ignore"):
-            norms = np.sqrt(np.add.reduceat(x64 * x64, starts)).astype(_F32)
-        norms64 = norms.astype(np.float64)
-        good = np.isfinite(norms64) & (norms64 > 0)
-        # Per bucket s / norm (0 for zero or non-finite norms: all levels 0 there).
-        inverse = np.zeros(norms.size)
-        inverse[good] = self.levels / norms64[good]
-        ratio = np.abs(x64)
-        with np.errstate(invalid="ignore"):
-            ratio *= np.repeat(inverse, self.bucket_size)[:count]
-        if not good.all():
-            ratio[~np.isfinite(ratio)] = 0  # inf * 0 in a non-finite bucket
-        level = np.floor(ratio)
-        ratio -= level  # the probability of rounding up
-        level += np.random.default_rng(seed).random(count) < ratio
-        # The float32 norm may round below |x| by an ulp: never exceed the top level.
-        np.minimum(level, self.levels, out=level)
-        codes = (level.astype(np.uint16) << np.uint16(1)) | _sign_bits(x)
-        return np.concatenate([norms.view(np.uint8), pack(codes, self.bits)])
-
-    def decode(self, data, count):
-        count = int(count)
-        if count == 0:
-            return np.zeros(0, VALUE_DTYPE)
-        buckets = self._buckets(count)
-        norms = _bytes_to_floats(data, buckets).astype(np.float64)
-        codes = unpack(np.asarray(data)[4 * buckets:], self.bits, count).astype(np.int64)
-        level = (codes >> 1).astype(np.float64)
-        sign = 1.0 - 2.0 * (codes & 1)
-        norm_each = np.repeat(norms, self.bucket_size)[:count]
-        with np.errstate(invalid="ignore", over="ignore"):
-            return (sign * norm_each * level / self.levels).astype(VALUE_DTYPE)
+    def _scales(self, x, bucket, scratch):
+        count, lib = x.shape[0], tensors.backend(x)
+        norms = scratch.get("norms", self._buckets(count), "float32", x)
+        for start, stop, first in _blocks(count, bucket, norms.shape[0]):  # whole buckets each
+            squares = scratch.get("squares", stop - start, "float32", x)
+            lib.multiply(x[start:stop], x[start:stop], out=squares)
+            full = (stop - start) // bucket
+            if full:
+                norms[first:first + full] = tree_sum_rows(squares[:full * bucket].reshape(full, bucket))
+            if full * bucket < stop - start:
+                norms[first + full:] = tree_sum_rows(squares[full * bucket:].reshape(1, -1))
+        norms[...] = _sqrt(norms)
+        return norms
 
     def __repr__(self):
         return f"QSGDCodec(levels={self.levels}, bucket_size={self.bucket_size})"
 
 
-class TernGradCodec(ValueCodec):
-    """TernGrad (Wen et al., NeurIPS'17): per-tensor scale and stochastic ternary values.
+class TernGradCodec(_StochasticLevels):
+    """TernGrad (Wen et al., NeurIPS'17): per-vector scale and stochastic ternary values.
 
-    s = max |x| over the whole vector (float32 header); each value becomes
-    t in {-1, 0, +1} with P(t = sign(x)) = |x| / s, else 0; decode = s * t.
-    Unbiased: E[decode] = x; per value Var = |x| * (s - |x|) <= s**2 / 4.
+    S = max |x| over the whole vector (float32 header); each value becomes
+    t in {-1, 0, +1} with P(t = sign(x)) = |x| / S (up to 2**-17), else 0; decode = S * t.
+    These are the stochastic levels of :class:`_StochasticLevels` with s = 1 and one
+    bucket. Unbiased: E[decode] = x; per value Var = |x| * (S - |x|) <= S**2 / 4.
     (TernGrad's gradient clipping and per-layer scales are not applied: the scale
     is per encoded vector, i.e. per fused buffer or per chunk of it.)
 
-    Layout (``nbytes(count) = 4 + ceil(count / 4)``): float32 s, then 2-bit codes
-    (0: 0, 1: +1, 2: -1), bit-packed.
+    Layout (``nbytes(count) = 4 + ceil(count / 4)``): float32 S, then 2-bit codes
+    t + 1 (0: -1, 1: 0, 2: +1), bit-packed.
 
-    Non-finite: an inf or NaN anywhere makes s non-finite; then every code is 0 and
-    the whole vector decodes as NaN (s * 0). An empty vector has s = 0.
+    Non-finite: an inf or NaN anywhere makes S non-finite; then every code is "0" and
+    the whole vector decodes as NaN (S * 0). An empty vector has S = 0; so has a vector
+    of zeros, which decodes as zeros.
     """
 
     name = "terngrad"
-    stochastic = True
-    bits = 2
 
-    def nbytes(self, count):
-        return 4 + packed_nbytes(count, self.bits)
+    def __init__(self):
+        super().__init__(1)
 
-    def encode(self, values, seed=0):
-        x = _as_values(values)
-        with np.errstate(invalid="ignore"):
-            scale = np.float32(np.max(np.abs(x))) if x.size else np.float32(0)
-        u = np.random.default_rng(seed).random(x.size)
-        if np.isfinite(scale) and scale > 0:
-            keep = u < np.abs(x.astype(np.float64)) / float(scale)
-        else:
-            keep = np.zeros(x.size, bool)
-        codes = keep.astype(np.uint8) * (1 + _sign_bits(x))
-        return np.concatenate([_floats_to_bytes(scale), pack(codes, self.bits)])
+    def _bucket(self, count):
+        return max(int(count), 1)
 
-    def decode(self, data, count):
-        scale = _bytes_to_floats(data, 1)[0]
-        codes = unpack(np.asarray(data)[4:], self.bits, count)
-        ternary = np.zeros(int(count), VALUE_DTYPE)
-        ternary[codes == 1] = 1
-        ternary[codes == 2] = -1
-        with np.errstate(invalid="ignore"):
-            return scale * ternary
+    def _buckets(self, count):
+        return 1
+
+    def _scales(self, x, bucket, scratch):
+        xp = tensors.namespace(x)
+        low, high = (tensors.backend(x).aminmax(x) if tensors.is_torch(x) else (np.min(x), np.max(x)))
+        scale = scratch.get("scale", 1, "float32", x)
+        scale[...] = xp.maximum(xp.abs(low), xp.abs(high))  # abs: no -0 from -min
+        return scale
 
 
+# ----------------------------------------------------------------- sign codes
 class SignCodec(ValueCodec):
     """signSGD (Bernstein et al., ICML'18): one bit per value, decoded as +-1.
 
@@ -226,19 +460,40 @@ class SignCodec(ValueCodec):
     def nbytes(self, count):
         return packed_nbytes(count, 1)
 
-    def encode(self, values, seed=0):
-        return pack(_sign_bits(_as_values(values)), 1)
+    @_quiet
+    def encode(self, values, seed=0, out=None, decoded=None):
+        x = as_values(values)
+        count = x.shape[0]
+        out = self._code_buffer(out, count, x)
+        bits = _negative_bits(x, self.scratch)
+        if decoded is not None:
+            self._values(bits, count, decoded)
+        pack_into(bits, 1, count, out, self.scratch)
+        return out
 
-    def decode(self, data, count):
-        bits = unpack(data, 1, count)
-        return (1 - 2 * bits.astype(np.int8)).astype(VALUE_DTYPE)
+    @_quiet
+    def decode(self, data, count, out=None):
+        data = as_bytes(data)
+        out = self._value_buffer(out, count, data)
+        return self._values(self._bits(data, count), count, out)
+
+    def _bits(self, data, count):
+        """The unpacked 0/1 bytes of the first ``count`` values (after the header)."""
+        bits = self.scratch.get("negative", padded_count(count), "uint8", data)
+        return unpack_into(data[self.nbytes(0):], 1, count, bits, self.scratch)
+
+    def _values(self, bits, count, out):
+        return _signed(bits, count, self._ONE, out)
+
+    _ONE = np.float32(1)
 
 
-class ScaledSignCodec(ValueCodec):
+class ScaledSignCodec(SignCodec):
     """EF-signSGD's scaled sign (Karimireddy et al., ICML'19): mean |x| times sign(x).
 
-    decode = scale * sign(x) with scale = ||x||_1 / count (float32, 0 for an empty
-    vector) and sign(0) = +1. Biased; meant to be used with error feedback.
+    decode = scale * sign(x) with scale = ||x||_1 / count (float32: the fixed-order tree
+    sum of :mod:`.sums` divided by count; 0 for an empty vector) and sign(0) = +1.
+    Biased; meant to be used with error feedback.
 
     Layout (``nbytes(count) = 4 + ceil(count / 8)``): float32 scale, then one bit
     per value (1 for negative), bit-packed.
@@ -248,55 +503,87 @@ class ScaledSignCodec(ValueCodec):
     """
 
     name = "scaled_sign"
+    aggregate = "sum"
 
     def nbytes(self, count):
         return 4 + packed_nbytes(count, 1)
 
-    def encode(self, values, seed=0):
-        x = _as_values(values)
-        with np.errstate(invalid="ignore", over="ignore"):
-            scale = np.float32(np.mean(np.abs(x.astype(np.float64)))) if x.size else np.float32(0)
-        return np.concatenate([_floats_to_bytes(scale), pack(_sign_bits(x), 1)])
+    @_quiet
+    def encode(self, values, seed=0, out=None, decoded=None):
+        x = as_values(values)
+        count, scratch = x.shape[0], self.scratch
+        out = self._code_buffer(out, count, x)
+        magnitudes = scratch.get("magnitudes", max(count, 1), "float32", x)
+        if count:
+            tensors.backend(x).abs(x, out=magnitudes)
+        else:
+            magnitudes[...] = 0
+        scale = tree_sum_rows(magnitudes.reshape(1, -1))
+        scale /= _scalar(max(count, 1), x)
+        _write_floats(out, scale)
+        bits = _negative_bits(x, scratch)
+        if decoded is not None:
+            _signed(bits, count, scale[0], decoded)
+        pack_into(bits, 1, count, out[4:], scratch)
+        return out
 
-    def decode(self, data, count):
-        scale = _bytes_to_floats(data, 1)[0]
-        bits = unpack(np.asarray(data)[4:], 1, count)
-        with np.errstate(invalid="ignore"):
-            return np.where(bits == 1, -scale, scale).astype(VALUE_DTYPE)
+    @_quiet
+    def decode(self, data, count, out=None):
+        data = as_bytes(data)
+        out = self._value_buffer(out, count, data)
+        scale = _read_floats(data, 1, self.scratch)
+        return _signed(self._bits(data, count), count, scale[0], out)
 
 
-class OneBitCodec(ValueCodec):
+
+class OneBitCodec(SignCodec):
     """1-bit SGD (Seide et al., Interspeech'14): one bit per value and two reconstruction values.
 
     pos = mean of the entries with x >= 0 (and NaN entries), neg = mean of the
-    entries with x < 0 (0 for an empty side), both float32; decode = neg where x < 0,
-    else pos. Minimises the squared error for the given split; biased, meant to be
-    used with error feedback.
+    entries with x < 0 (0 for an empty side), both float32: the fixed-order tree sums
+    (:mod:`.sums`) of min(x, 0) and of max(x, 0), divided by the sides' counts;
+    decode = neg where x < 0, else pos (exactly those float32). Minimises the squared
+    error for the given split; biased, meant to be used with error feedback.
 
     Layout (``nbytes(count) = 8 + ceil(count / 8)``): float32 pos, float32 neg, then
     one bit per value (1 for x < 0), bit-packed.
 
-    Non-finite: a NaN (on the non-negative side) or inf makes that side's mean
-    non-finite, so every value of that side decodes as NaN or inf.
+    Non-finite: an inf makes its side's mean inf; a NaN makes both means NaN; so no
+    value of a vector holding a NaN decodes as finite.
     """
 
     name = "onebit"
+    aggregate = "sum"
 
     def nbytes(self, count):
         return 8 + packed_nbytes(count, 1)
 
-    def encode(self, values, seed=0):
-        x = _as_values(values)
-        negative = x < 0
-        x64 = x.astype(np.float64)
-        with np.errstate(invalid="ignore", over="ignore"):
-            n_neg = int(negative.sum())
-            n_pos = x.size - n_neg
-            neg = np.float32(x64[negative].sum() / n_neg) if n_neg else np.float32(0)
-            pos = np.float32(x64[~negative].sum() / n_pos) if n_pos else np.float32(0)
-        return np.concatenate([_floats_to_bytes(pos, neg), pack(negative.astype(np.uint8), 1)])
+    @_quiet
+    def encode(self, values, seed=0, out=None, decoded=None):
+        x = as_values(values)
+        count, scratch, lib = x.shape[0], self.scratch, tensors.backend(x)
+        out = self._code_buffer(out, count, x)
+        bits = _negative_bits(x, scratch)
+        negatives = tensors.count_nonzero(bits[:count])
+        sides = scratch.get("sides", 2 * max(count, 1), "float32", x).reshape(2, -1)
+        if count:
+            lib.clip(x, 0, None, out=sides[0])
+            lib.clip(x, None, 0, out=sides[1])
+        else:
+            sides[...] = 0
+        means = scratch.get("means", 2, "float32", x)
+        means[...] = tree_sum_rows(sides)                           # [sum of max(x, 0), of min(x, 0)]
+        means[0] /= _scalar(max(count - negatives, 1), x)
+        means[1] /= _scalar(max(negatives, 1), x)
+        _write_floats(out, means)
+        if decoded is not None:
+            _select(bits, count, means[0], means[1], decoded)
+        pack_into(bits, 1, count, out[8:], scratch)
+        return out
 
-    def decode(self, data, count):
-        pos, neg = _bytes_to_floats(data, 2)
-        bits = unpack(np.asarray(data)[8:], 1, count)
-        return np.where(bits == 1, neg, pos).astype(VALUE_DTYPE)
+    @_quiet
+    def decode(self, data, count, out=None):
+        data = as_bytes(data)
+        out = self._value_buffer(out, count, data)
+        means = _read_floats(data, 2, self.scratch)
+        return _select(self._bits(data, count), count, means[0], means[1], out)

@@ -1,23 +1,35 @@
 """The stateful per-buffer pipeline of the quantizers: memory -> compressed allreduce -> memory.
 
 One :class:`QuantizedPipeline` holds what one gradient buffer of length ``n`` needs on
-this rank from step to step: the error-feedback residual (or Signum's momentum), the
-exchange (a :class:`~horovod_sparse.exchange.compressed.CompressedAllreduce` on a
-duplicated communicator, with its server residual) and a step counter. It has the
-interface of :class:`~horovod_sparse.sparsify.Sparsifier`, so the frontends drive it
-the same way.
+this rank from step to step: its memory (:mod:`horovod_sparse.memory`: the
+error-feedback residual, or Signum's momentum), the exchange (a
+:class:`~horovod_sparse.exchange.compressed.CompressedAllreduce` on a duplicated
+communicator, with its server residual) and a step counter. It has the interface of
+the other fused pipelines (``step``, ``last``, ``traffic``, ``step_count``,
+``state_dict``), so the frontends drive it the same way.
+
+A step, on the buffer's own library and device (numpy, or torch on CPU/CUDA):
+
+1. ``acc = memory.accumulate(grad)``: grad + residual (error feedback), Signum's
+   u = momentum * u + grad, or grad itself; one pass, into a reused buffer;
+2. the compressed allreduce of ``acc`` with seed ``derive_seed(seed, step)``: encode on
+   the device (writing what the receivers will decode, ``own``), codes to the host and
+   over MPI, decode on the device;
+3. only once the exchange succeeded: ``memory.commit_minus(acc, own)`` (residual =
+   acc - own, in place) or ``memory.commit(u)``. A failed step changes nothing.
 """
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from horovod_sparse.exchange.compressed import CompressedAllreduce
-from horovod_sparse.exchange.traffic import Traffic
 from horovod_sparse.checks import check_bool
 from horovod_sparse.closing import ClosesOnExit
-
-from .codec import VALUE_DTYPE, derive_seed
+from horovod_sparse.exchange.compressed import CompressedAllreduce
+from horovod_sparse.exchange.seeds import derive_seed
+from horovod_sparse.exchange.traffic import Traffic
+from horovod_sparse.memory import ErrorFeedback, Momentum
+from horovod_sparse.ops import tensors
 
 _STATE_FORMAT = 1
 
@@ -27,16 +39,14 @@ class QuantizeStepInfo:
     """What one :meth:`QuantizedPipeline.step` did on this rank.
 
     step : the step's number (0-based).
-    sent : float32 length n, the vector this rank encoded (gradient + residual, or
-        Signum's momentum).
-    kept : float32 length n, ``sent`` as the receivers decode it (this rank's share of
-        the result). With error feedback, new residual = sent - kept.
+    kept : float32 length n, what this rank sent as the receivers decode it (its share
+        of the result; new residual = sent - kept), with error feedback; else None.
+        A buffer of the exchange: valid until the next step.
     traffic : :class:`~horovod_sparse.exchange.Traffic` of this step on this rank.
     """
 
     step: int
-    sent: np.ndarray
-    kept: np.ndarray
+    kept: Any
     traffic: Traffic
 
 
@@ -66,9 +76,10 @@ class QuantizedPipeline(ClosesOnExit):
     kept + residual == sent up to that one rounding: |kept + residual - sent| <=
     2**-24 * |sent - kept| elementwise (exact wherever sent - kept is representable).
 
-    Attributes: ``n``, ``step_count``, ``residual`` (float32 n or None), ``momentum_buffer``
-    (float32 n or None), ``last`` (:class:`QuantizeStepInfo`, None before the first step),
-    ``traffic`` (cumulative), ``exchange``.
+    Attributes: ``n``, ``step_count``, ``residual`` (float32 n or None: the live buffer,
+    reused two steps later), ``momentum_buffer`` (likewise), ``memory``, ``last``
+    (:class:`QuantizeStepInfo`, None before the first step), ``traffic`` (cumulative),
+    ``exchange``.
     """
 
     def __init__(self, n, comm, codec, method="alltoall", error_feedback=True, momentum=None,
@@ -91,11 +102,21 @@ class QuantizedPipeline(ClosesOnExit):
         self.n, self.codec, self.method, self.seed = self.exchange.n, codec, method, int(seed)
         self.error_feedback = error_feedback
         self.momentum = None if momentum is None else float(momentum)
-        self.residual = np.zeros(self.n, VALUE_DTYPE) if error_feedback else None
-        self.momentum_buffer = np.zeros(self.n, VALUE_DTYPE) if momentum is not None else None
+        self.memory = (Momentum(self.n, self.momentum) if momentum is not None
+                       else ErrorFeedback(self.n, enabled=error_feedback))
         self.rank = self.exchange.rank
         self.step_count = 0
         self.last: Optional[QuantizeStepInfo] = None
+
+    @property
+    def residual(self):
+        """The error-feedback residual (float32 n, the live buffer), or None."""
+        return self.memory.residual if self.error_feedback else None
+
+    @property
+    def momentum_buffer(self):
+        """Signum's momentum u (float32 n, the live buffer), or None."""
+        return self.memory.momentum_buffer if self.momentum is not None else None
 
     @property
     def traffic(self):
@@ -105,43 +126,51 @@ class QuantizedPipeline(ClosesOnExit):
     def step(self, grad, tag=0):
         """Exchange this step's gradient; return the sum over ranks of what they sent, decoded.
 
-        grad : 1-D float array of length n (cast to float32), this rank's gradient. A
-            bad grad (wrong length, not float, not 1-D) is reported through the
-            exchange's agreement: ExchangeError on every rank.
+        grad : 1-D float array of length n (cast to float32), numpy or a torch tensor on
+            any device; this rank's gradient, only read. A bad grad (wrong length, not
+            float, not 1-D) is reported through the exchange's agreement: ExchangeError
+            on every rank.
         tag : int every rank passes identically (a CRC of the layout).
 
-        Returns a new float32 array of length n, bitwise identical on every rank. If
-        the exchange raises, the pipeline's state is left as it was before the call.
+        Returns a new float32 array of length n in grad's library and device, bitwise
+        identical on every rank. If the exchange raises, the pipeline's state is left as
+        it was before the call.
         """
-        g = np.asarray(grad)
-        if g.ndim != 1 or g.size != self.n or g.dtype.kind != "f":
-            self.exchange.allreduce(g, seed=0, tag=tag)  # raises ExchangeError on every rank
+        g = self._float32(grad)
+        if g is None:
+            self.exchange.allreduce(grad, seed=0, tag=tag)  # raises ExchangeError on every rank
             raise AssertionError("unreachable: the exchange accepted a bad gradient")
-        g = g.astype(VALUE_DTYPE, copy=False)
-        new_momentum = None
-        if self.momentum_buffer is not None:
-            new_momentum = VALUE_DTYPE(self.momentum) * self.momentum_buffer + g
-            sent = new_momentum
-        elif self.residual is not None:
-            sent = g + self.residual
+        acc = self.memory.accumulate(g)                                       # 1.
+        result = self.exchange.allreduce(acc, seed=derive_seed(self.seed, self.step_count), tag=tag,
+                                         want_own=self.error_feedback)        # 2.
+        if self.momentum is not None:                                         # 3.
+            self.memory.commit(acc)
         else:
-            sent = g.copy()
-        result = self.exchange.allreduce(sent, seed=derive_seed(self.seed, self.step_count), tag=tag)
-        if self.residual is not None:
-            self.residual = sent - result.own
-        if new_momentum is not None:
-            self.momentum_buffer = new_momentum
-        self.last = QuantizeStepInfo(self.step_count, sent, result.own, result.traffic)
+            self.memory.commit_minus(acc, result.own)
+        self.last = QuantizeStepInfo(self.step_count, result.own, result.traffic)
         self.step_count += 1
         return result.values
+
+    def _float32(self, grad):
+        """``grad`` as a 1-D float32 array of length n (no copy when it is one), or None."""
+        try:
+            g = grad.detach() if tensors.is_torch(grad) else np.asarray(grad)
+            if g.ndim != 1 or g.shape[0] != self.n or not tensors.namespace(g).isdtype(g.dtype, "real floating"):
+                return None
+            if tensors.is_torch(g):
+                return g.to(tensors.dtype_of(g, "float32")).contiguous()
+            return np.ascontiguousarray(g, dtype=np.float32)
+        except Exception:
+            return None
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self):
         """numpy arrays and ints only: residual, momentum, step, exchange state (prefixed)."""
-        empty = np.zeros(0, VALUE_DTYPE)
+        empty = np.zeros(0, np.float32)
+        memory = self.memory.state_dict()
         d = {"format": _STATE_FORMAT, "n": self.n, "step": self.step_count,
-             "residual": empty if self.residual is None else self.residual.copy(),
-             "momentum_buffer": empty if self.momentum_buffer is None else self.momentum_buffer.copy()}
+             "residual": memory["residual"] if self.error_feedback else empty,
+             "momentum_buffer": memory["momentum_buffer"] if self.momentum is not None else empty}
         d.update({"exchange_" + k: v for k, v in self.exchange.state_dict().items()})
         return d
 
@@ -150,15 +179,13 @@ class QuantizedPipeline(ClosesOnExit):
         if int(d.get("format", -1)) != _STATE_FORMAT or int(d.get("n", -1)) != self.n:
             raise ValueError(f"state_dict is for format {d.get('format')!r} and n={d.get('n')!r}; "
                              f"this pipeline has format {_STATE_FORMAT} and n={self.n}")
-        for key, mine in (("residual", self.residual), ("momentum_buffer", self.momentum_buffer)):
-            if mine is not None and np.shape(d[key]) != mine.shape:
-                raise ValueError(f"state_dict {key} has shape {np.shape(d[key])}, expected {mine.shape}")
+        key = "momentum_buffer" if self.momentum is not None else "residual" if self.error_feedback else None
+        if key is not None and np.shape(d[key]) != (self.n,):
+            raise ValueError(f"state_dict {key} has shape {np.shape(d[key])}, expected {(self.n,)}")
         self.exchange.load_state_dict({k[len("exchange_"):]: v for k, v in d.items()
                                        if k.startswith("exchange_")})
-        if self.residual is not None:
-            self.residual = np.array(d["residual"], dtype=VALUE_DTYPE)
-        if self.momentum_buffer is not None:
-            self.momentum_buffer = np.array(d["momentum_buffer"], dtype=VALUE_DTYPE)
+        if key is not None:
+            self.memory.load_state_dict({key: d[key]})
         self.step_count = int(d["step"])
         self.last = None
 

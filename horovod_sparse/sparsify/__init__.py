@@ -1,4 +1,4 @@
-"""Sparsifying compressors' math on numpy, framework-free: one stateful pipeline per buffer.
+"""Sparsifying compressors' step, on numpy or torch (any device): one stateful pipeline per buffer.
 
     grad -> memory (error feedback: acc = grad + residual | DGC momentum correction)
          -> selection rule (top-k | threshold | gaussiank | sampled (DGC) | Ok-Topk local)
@@ -6,9 +6,9 @@
          -> residual update (clear what was consumed)
 
 :class:`Sparsifier` is what the frontends drive (``compressor.make_sparsifier(n, comm)``
-then ``sparsifier.step(grad, tag=...)`` once per step on every rank). Modules:
-:mod:`.selection` (the rules' math and the count guarantee), :mod:`.rules` (rules as
-objects), :mod:`.memory` (residual / momentum), :mod:`.sparsifier` (the pipeline).
+then ``sparsifier.step_sparse(grad, tag=...)`` once per step on every rank). Modules:
+:mod:`.selection` (the rules, their carried thresholds and the count guarantee),
+:mod:`.sparsifier` (the pipeline); the memory is :mod:`horovod_sparse.memory`.
 """
 from horovod_sparse.sparsify.selection import count_bounds, k_for
 from horovod_sparse.sparsify.sparsifier import SELECTING_EXCHANGES, Sparsifier, StepInfo

@@ -1,35 +1,68 @@
-"""Local selection rules: which entries of this rank's accumulated gradient it sends.
+"""Local selection: which entries of this rank's accumulated gradient it sends.
 
-Every rule works on *magnitude keys* (:func:`horovod_sparse.exchange.sparse_ops.magnitude_keys`):
-``|acc|`` read as unsigned integers, ordered like the magnitudes, with NaN above +inf.
-So NaN entries always count as the largest and are sent (they then propagate
-identically to every rank instead of hiding in a residual), and comparisons are
-exact integer comparisons - no float rounding can make two runs differ.
+Every rule works on :class:`MagnitudeKeys`: ``|acc|`` as int32 keys (the float32 bits
+with the sign cleared), ordered like the magnitudes, with NaN above +inf. So NaN
+entries always count as the largest and are sent (they then reach every rank instead
+of hiding in a residual), and comparisons are exact integer comparisons: numpy and
+torch, CPU or CUDA, select the same entries bit for bit. Results are **sorted, unique
+int64 indices** in the buffer's library and device; equal magnitudes go to the lower
+index.
 
-All functions return **sorted, unique int64 indices** and are deterministic:
-equal magnitudes are broken by the lower index.
+Most steps are one comparison pass and one compaction, because every rule carries a
+threshold from step to step:
+
+* :class:`TopKRule` (exact top-k): a *floor* below last step's k-th largest magnitude;
+  if between k and ``CANDIDATE_LIMIT * k`` entries reach it, the exact top-k is taken
+  among those candidates (O(k)), else by a full O(n) partition (:func:`top_k`);
+* :class:`OkTopkLocalRule`: Ok-Topk's local threshold, exact every ``tau_prime`` steps,
+  nudged in between (:class:`LocalThreshold`);
+* :class:`GaussianRule`: the previous step's settled threshold, scaled by the change of
+  the standard deviation of a small strided sample (the Gaussian formula on the first
+  step);
+* :class:`SampledRule` (DGC): the top-density key of a small strided sample;
+* :class:`ThresholdRule`: a fixed threshold.
 
 Count guarantee of the estimated-threshold rules (:func:`settle_threshold`, used by
-gaussiank, dgc and the Ok-Topk local threshold): for a buffer of ``n >= 1`` elements
-and a target ``k`` (``1 <= k <= n``) the number of selected entries always lies in
+gaussiank, dgc and Ok-Topk's local threshold): for a buffer of ``n >= 1`` elements and
+a target ``k`` (``1 <= k <= n``) the number of selected entries always lies in
 
-    COUNT_BOUNDS(k) = [ceil(k / 2), 2 * k]
+    count_bounds(k) = [ceil(k / 2), 2 * k]
 
-because an estimate whose count falls outside is corrected by a few bracketing
-steps and, if still outside, replaced by the exact top-k (exactly ``k`` entries).
-With ``k >= n`` (density 1) every entry is selected.
+because an estimate whose count falls outside is corrected by a few bracketing steps
+and, if still outside, replaced by the exact top-k (exactly ``k`` entries). With
+``k >= n`` (density 1) every entry is selected.
+
+Each rule has ``select(acc, keys, k, step, rank) -> (indices, method)``; ``method``
+names how the indices were found (``"exact"``, ``"threshold"``, ``"estimate"``,
+``"corrected"``), and ``state_dict()`` / ``load_state_dict()`` hold the carried
+thresholds (Python ints and numpy scalars).
 """
 import math
+from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
 
-from horovod_sparse.exchange.sparse_ops import key_to_magnitude, magnitude_keys, threshold_key
+from horovod_sparse.ops import tensors
 
 #: value dtype of every sparsifier buffer
 VALUE_DTYPE = np.dtype(np.float32)
 #: how many bracketing corrections an estimated threshold gets before the exact fallback
 MAX_CORRECTIONS = 12
+#: exact top-k from the floor's candidates when their count lies in [k, CANDIDATE_LIMIT * k]
+CANDIDATE_LIMIT = 4
+#: a floor whose count lies in this range (times k) is kept for the next step; else the next
+#: floor is set where this step had CANDIDATE_TARGET * k candidates
+CANDIDATE_COMFORT = (1.2, 2.0)
+CANDIDATE_TARGET = 1.5
+#: a floor set from a k-th magnitude alone lies this factor below it
+FLOOR_MARGIN = 1.05
+#: at most this many entries of the buffer estimate Gaussiank's standard deviation
+GAUSSIAN_SAMPLE = 4096
+#: at most this many keys (every ceil(n / size)-th) estimate a floor when the carried one fails
+FLOOR_SAMPLE = 65536
+_INF_KEY = 0x7F800000
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def k_for(density, n):
@@ -45,79 +78,145 @@ def count_bounds(k):
     return (k + 1) // 2, 2 * k
 
 
+def key_of(magnitude):
+    """The int32 key of a magnitude rounded to float32 (beyond float32's range: +inf's key)."""
+    magnitude = abs(float(magnitude))
+    if magnitude > _FLOAT32_MAX and not math.isnan(magnitude):
+        return _INF_KEY
+    return tensors.key_of(magnitude)
+
+
+magnitude_of = tensors.magnitude_of
+
+
+class MagnitudeKeys:
+    """The keys of one accumulated buffer and a bool scratch mask: what every rule reads.
+
+    acc : float32 1-D buffer (numpy or torch). ``keys`` (int32) and ``mask`` (bool)
+        are scratch buffers of the same length, library and device, reused from step
+        to step (allocated here if None).
+
+    :meth:`count_at_least` marks the entries at or above a key (one comparison pass)
+    and :meth:`at_least` compacts the marked entries into indices, so "count, check
+    the bounds, then take" costs a single comparison.
+    """
+
+    def __init__(self, acc, keys=None, mask=None):
+        self.size = int(acc.shape[0])
+        if keys is None:
+            keys = tensors.empty(self.size, "int32", acc)
+        self.keys = tensors.magnitude_keys(acc, out=keys)
+        self.mask = tensors.empty(self.size, "bool", acc) if mask is None else mask
+        self._marked = None  # the key the mask holds ``keys >= key`` for
+
+    def count_at_least(self, key):
+        self._marked = key
+        return tensors.count_at_least(self.keys, key, self.mask)
+
+    def at_least(self, key):
+        """Sorted int64 indices whose key is >= ``key``."""
+        if self._marked != key:
+            self.count_at_least(key)
+        return tensors.compact(self.mask)
+
+    def at(self, indices):
+        return tensors.take(self.keys, indices)
+
+    def kth_largest(self, k):
+        return tensors.kth_largest(self.keys, k)
+
+    def empty_indices(self):
+        return tensors.empty(0, "int64", self.keys)
+
+    def all_indices(self):
+        return tensors.arange(self.size, self.keys)
+
+
 def keys_of(acc):
-    """Magnitude keys of a float32 array (uint32, NaN largest)."""
-    return magnitude_keys(np.ascontiguousarray(acc, dtype=VALUE_DTYPE))
+    """:class:`MagnitudeKeys` of a float32 buffer, with fresh scratch buffers."""
+    if not tensors.is_torch(acc):
+        acc = np.ascontiguousarray(acc, dtype=VALUE_DTYPE)
+    return MagnitudeKeys(acc)
 
 
-def top_k(keys, k):
-    """Exact top-k of the magnitude ``keys``: the ``k`` largest, ties to the lower index.
+# ---------------------------------------------------------------------------- exact top-k
+@dataclass
+class TopK:
+    """An exact top-k: ``indices``; ``kth`` the k-th largest key; ``floor`` the key to try
+    as the next step's floor (None if none is sensible); ``source`` where the candidates
+    came from: ``"floor"`` (the given one), ``"sample"`` (a sampled floor), ``"full"``
+    (a partition of the whole buffer) or ``"all"`` (k <= 0 or k >= n)."""
 
-    O(n): one ``np.partition`` finds the k-th largest key, everything above it is
-    taken, and the lowest-indexed entries equal to it fill up to exactly ``k``.
+    indices: object
+    kth: int
+    floor: object
+    source: str
+
+
+def top_k(keys, k, floor=None):
+    """Exact top-k of ``keys`` (a :class:`MagnitudeKeys`): the ``k`` largest, ties to the lower index.
+
+    1. With a ``floor`` key, count the keys >= floor; if between k and
+       ``CANDIDATE_LIMIT * k``, those are the candidates (one comparison pass).
+    2. Otherwise the same with a floor estimated from a strided sample of the keys (its
+       ``CANDIDATE_TARGET * k / n`` quantile); if that count is out of range too, find
+       the k-th largest key by a full partition and take the keys >= it.
+    3. Among the candidates: everything above their k-th largest key, plus the
+       lowest-indexed ties, exactly ``min(k, n)`` entries.
+    4. Next floor: the same if its count was comfortable (``CANDIDATE_COMFORT``), else
+       the ``ceil(CANDIDATE_TARGET * k)``-th largest candidate key if there are that
+       many, else ``FLOOR_MARGIN`` below the lowest candidate.
     """
     n = keys.size
     if k <= 0 or n == 0:
-        return np.empty(0, np.int64)
+        return TopK(keys.empty_indices(), _INF_KEY, floor, "all")
     if k >= n:
-        return np.arange(n, dtype=np.int64)
-    kth = np.partition(keys, n - k)[n - k]  # the k-th largest key
-    above = np.flatnonzero(keys > kth)
-    ties = np.flatnonzero(keys == kth)[:k - above.size]
-    return np.sort(np.concatenate([above, ties])).astype(np.int64, copy=False)
+        return TopK(keys.all_indices(), int(keys.keys.min()), floor, "all")
+    source = "floor"
+    candidates = None if floor is None else _candidates(keys, floor, k)        # step 1
+    if candidates is None:                                                      # step 2
+        source, candidates = "sample", _candidates(keys, _sampled_floor(keys, k), k)
+    if candidates is None:
+        source, candidates = "full", keys.at_least(keys.kth_largest(k))
+    candidate_keys = keys.at(candidates)                                        # step 3
+    kth = tensors.kth_largest(candidate_keys, k)
+    taken = candidate_keys > kth
+    missing = k - tensors.count_nonzero(taken)
+    if missing > 0:
+        taken[tensors.compact(candidate_keys == kth)[:missing]] = True
+    indices = tensors.take(candidates, tensors.compact(taken))
+    target, count = math.ceil(CANDIDATE_TARGET * k), int(candidate_keys.shape[0])  # step 4
+    low, high = CANDIDATE_COMFORT
+    if source == "floor" and low * k <= count <= high * k:
+        next_floor = floor
+    elif count >= target:
+        next_floor = tensors.kth_largest(candidate_keys, target)
+    else:
+        next_floor = _lowered(int(candidate_keys.min()))
+    return TopK(indices, kth, next_floor, source)
 
 
-def kth_largest_magnitude(keys, k):
-    """The k-th largest magnitude of ``keys`` as a float (0.0 for an empty buffer)."""
-    n = keys.size
-    if n == 0 or k <= 0:
-        return 0.0
-    k = min(k, n)
-    return key_to_magnitude(np.partition(keys, n - k)[n - k], VALUE_DTYPE)
+def _candidates(keys, floor, k):
+    """The indices of the keys >= ``floor`` if there are k to CANDIDATE_LIMIT * k of them, else None."""
+    return keys.at_least(floor) if k <= keys.count_at_least(floor) <= CANDIDATE_LIMIT * k else None
 
 
-def at_least(keys, threshold):
-    """Indices whose magnitude is >= ``threshold`` (a float magnitude; NaN entries always qualify)."""
-    if keys.size == 0:
-        return np.empty(0, np.int64)
-    return np.flatnonzero(keys >= threshold_key(threshold, VALUE_DTYPE)).astype(np.int64, copy=False)
+def _sampled_floor(keys, k):
+    """The key with about ``CANDIDATE_TARGET * k`` keys above it, by the matching quantile of
+    every ``ceil(n / FLOOR_SAMPLE)``-th key."""
+    stride = -(-keys.size // FLOOR_SAMPLE)
+    sample = keys.keys[::stride]
+    size = int(sample.shape[0])
+    return tensors.kth_largest(sample, min(size, math.ceil(CANDIDATE_TARGET * k * size / keys.size)))
 
 
-def _count_at_least(keys, threshold):
-    return int(np.count_nonzero(keys >= threshold_key(threshold, VALUE_DTYPE)))
+def _lowered(key):
+    """The key FLOOR_MARGIN below ``key``'s magnitude; None for NaN keys."""
+    magnitude = magnitude_of(key)
+    return None if math.isnan(magnitude) else key_of(magnitude / FLOOR_MARGIN)
 
 
-def gaussian_threshold(acc, density):
-    """Gaussiank's first estimate: |mu| + |Phi^-1(density / 2)| * sigma of the finite entries of ``acc``.
-
-    If ``acc`` were normal N(mu, sigma) with mu ~ 0, a fraction ``density`` of its
-    entries would have a magnitude above this threshold (density/2 in each tail).
-    mu and sigma are computed in float64; non-finite entries are ignored (they are
-    selected anyway, being the largest keys). Returns +inf if no entry is finite.
-    """
-    finite = np.isfinite(acc)
-    values = acc if finite.all() else acc[finite]  # copy only when something is not finite
-    if values.size == 0:
-        return math.inf
-    z = abs(NormalDist().inv_cdf(density / 2)) if density < 1 else 0.0
-    mu = float(np.mean(values, dtype=np.float64))
-    return abs(mu) + z * float(np.std(values, dtype=np.float64))
-
-
-def sampled_threshold(keys, density, sample_size, rng):
-    """DGC's first estimate: the top-``density`` magnitude of a random sample of ``keys``.
-
-    ``sample_size`` entries are drawn uniformly (with replacement, O(sample_size))
-    from ``rng``; the threshold is the ceil(density * sample_size)-th largest of them.
-    """
-    n = keys.size
-    if n == 0:
-        return math.inf
-    sample_size = max(1, min(int(sample_size), n))
-    sample = keys[rng.integers(0, n, size=sample_size)]
-    return kth_largest_magnitude(sample, max(1, math.ceil(density * sample_size)))
-
-
+# ---------------------------------------------------------------------- estimated thresholds
 def settle_threshold(keys, threshold, k, max_corrections=MAX_CORRECTIONS):
     """Select by an estimated ``threshold``, corrected so the count lands in :func:`count_bounds`.
 
@@ -126,24 +225,25 @@ def settle_threshold(keys, threshold, k, max_corrections=MAX_CORRECTIONS):
     ``"exact"`` (fallback to :func:`top_k`, exactly ``k`` entries, threshold = the
     k-th largest magnitude).
 
-    Correction: a threshold that selects too many is raised, one that selects too
-    few is lowered - doubling/halving until the target is bracketed, then geometric
-    bisection between the tightest thresholds seen. Each step counts in O(n).
+    Correction: a threshold that selects too many is raised, one that selects too few
+    is lowered - doubling/halving until the target is bracketed, then geometric
+    bisection between the tightest thresholds seen. Each step is one comparison pass.
     """
     n = keys.size
     if n == 0 or k <= 0:
-        return np.empty(0, np.int64), float(threshold), "estimate"
+        return keys.empty_indices(), float(threshold), "estimate"
     if k >= n:  # density 1: everything, whatever the estimate
-        return np.arange(n, dtype=np.int64), 0.0, "exact"
+        return keys.all_indices(), 0.0, "exact"
     lower, upper = count_bounds(k)
     too_low, too_high = None, None  # thresholds known to select too many / too few
     t = float(threshold)
     for attempt in range(max_corrections + 1):
         if not math.isfinite(t) or t < 0:
             break
-        count = _count_at_least(keys, t)
+        key = key_of(t)
+        count = keys.count_at_least(key)
         if lower <= count <= upper:
-            return at_least(keys, t), t, "estimate" if attempt == 0 else "corrected"
+            return keys.at_least(key), t, "estimate" if attempt == 0 else "corrected"
         if count > upper:
             too_low = t if too_low is None else max(too_low, t)
         else:
@@ -158,22 +258,190 @@ def settle_threshold(keys, threshold, k, max_corrections=MAX_CORRECTIONS):
             t = t / 2
             if t == 0 or t < np.finfo(np.float32).tiny:
                 break
-    threshold = kth_largest_magnitude(keys, k)
-    return top_k(keys, k), threshold, "exact"
+    exact = top_k(keys, k)
+    return exact.indices, magnitude_of(exact.kth), "exact"
+
+
+def gaussian_threshold(mu, sigma, density):
+    """Gaussiank's estimate |mu| + |Phi^-1(density / 2)| * sigma (+inf if sigma is not finite).
+
+    If ``acc`` were normal N(mu, sigma) with mu ~ 0, a fraction ``density`` of its
+    entries would have a magnitude above this threshold (density/2 in each tail).
+    """
+    if not (math.isfinite(mu) and math.isfinite(sigma)):
+        return math.inf
+    z = abs(NormalDist().inv_cdf(density / 2)) if density < 1 else 0.0
+    return abs(mu) + z * sigma
+
+
+def sample_moments(acc, size=GAUSSIAN_SAMPLE):
+    """(mean, standard deviation) in float64 of the finite entries of a strided sample of
+    at most ``size`` entries of ``acc`` (every ``ceil(n / size)``-th, from 0), computed on
+    the host so numpy and torch agree bit for bit. NaNs if none is finite."""
+    n = int(acc.shape[0])
+    stride = max(1, -(-n // size))
+    sample = tensors.to_host(acc[::stride]).astype(np.float64)
+    sample = sample[np.isfinite(sample)]
+    if sample.size == 0:
+        return math.nan, math.nan
+    return float(sample.mean()), float(sample.std())
+
+
+# ----------------------------------------------------------------------------------- rules
+class Rule:
+    """A selection rule without state."""
+
+    name = "abstract"
+
+    def select(self, acc, keys, k, step, rank):
+        raise NotImplementedError
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, d):
+        pass
+
+
+class TopKRule(Rule):
+    """Exact top-k by magnitude (ties to the lower index): exactly min(k, n) entries.
+
+    Carries a floor key from step to step (see :func:`top_k`); ``sampled_floors`` and
+    ``full_selections`` count the steps whose carried floor failed and that found their
+    candidates by a sampled floor, or needed a full partition.
+    """
+
+    name = "topk"
+
+    def __init__(self):
+        self.floor, self.sampled_floors, self.full_selections = None, 0, 0
+
+    def select(self, acc, keys, k, step, rank):
+        found = top_k(keys, k, self.floor)
+        self.floor = found.floor
+        self.sampled_floors += int(found.source == "sample")
+        self.full_selections += int(found.source == "full")
+        return found.indices, "exact"
+
+    def state_dict(self):
+        return {"has_floor": int(self.floor is not None),
+                "floor": int(0 if self.floor is None else self.floor),
+                "sampled_floors": int(self.sampled_floors), "full_selections": int(self.full_selections)}
+
+    def load_state_dict(self, d):
+        # Checkpoints written before the floor existed have no rule state: start without one.
+        self.floor = int(d["floor"]) if int(d.get("has_floor", 0)) else None
+        self.sampled_floors = int(d.get("sampled_floors", 0))
+        self.full_selections = int(d.get("full_selections", 0))
+
+
+class ThresholdRule(Rule):
+    """Fixed threshold: every entry with |acc| >= ``value`` (any count, 0 to n).
+
+    value : magnitude threshold, in the gradient's units (> 0).
+    """
+
+    name = "threshold"
+
+    def __init__(self, value):
+        self.value = float(value)
+
+    def select(self, acc, keys, k, step, rank):
+        return keys.at_least(key_of(self.value)), "threshold"
+
+
+class GaussianRule(Rule):
+    """Gaussiank: a threshold from the Gaussian model of acc, corrected toward k.
+
+    1. mu, sigma of a strided sample of acc (:func:`sample_moments`);
+    2. first guess: the previous step's settled threshold times sigma / previous sigma,
+       or on the first step (or after a degenerate one) the Gaussian estimate
+       |mu| + |Phi^-1(density/2)| * sigma (:func:`gaussian_threshold`);
+    3. :func:`settle_threshold`: the count is guaranteed in [ceil(k/2), 2k].
+
+    density : target fraction of entries, in (0, 1].
+    """
+
+    name = "gaussiank"
+
+    def __init__(self, density):
+        self.density = float(density)
+        self.threshold, self.sigma = None, None
+
+    def select(self, acc, keys, k, step, rank):
+        if keys.size == 0 or k <= 0:
+            return keys.empty_indices(), "estimate"
+        mu, sigma = sample_moments(acc)                                         # step 1
+        if self.threshold is not None and self.sigma > 0 and sigma > 0:         # step 2
+            estimate = self.threshold * (sigma / self.sigma)
+        else:
+            estimate = gaussian_threshold(mu, sigma, self.density)
+        indices, used, method = settle_threshold(keys, estimate, k)             # step 3
+        settled = math.isfinite(used) and used > 0 and math.isfinite(sigma) and sigma > 0
+        self.threshold, self.sigma = (used, sigma) if settled else (None, None)
+        return indices, method
+
+    def state_dict(self):
+        return {"has_threshold": int(self.threshold is not None),
+                "threshold": np.float64(0.0 if self.threshold is None else self.threshold),
+                "sigma": np.float64(0.0 if self.sigma is None else self.sigma)}
+
+    def load_state_dict(self, d):
+        carried = int(d.get("has_threshold", 0))
+        self.threshold = float(d["threshold"]) if carried else None
+        self.sigma = float(d["sigma"]) if carried else None
+
+
+class SampledRule(Rule):
+    """DGC: the top-density threshold of a sample of acc, corrected toward k.
+
+    The sample is systematic: ``ceil(sample_fraction * n)`` keys at a fixed stride from a
+    random start. The start is drawn from a stream seeded by (seed, step, rank), so it is
+    deterministic, differs between ranks and steps, and needs no state to be saved; a
+    strided view needs no index array (nothing crosses to the host).
+
+    density : target fraction of entries, in (0, 1].
+    sample_fraction : fraction of the buffer sampled to estimate the threshold, in (0, 1].
+    The count is guaranteed in [ceil(k/2), 2k] (:func:`settle_threshold`).
+    """
+
+    name = "dgc"
+    SEED = 0x0D6C  # "DGC"
+
+    def __init__(self, density, sample_fraction, seed=SEED):
+        self.density, self.sample_fraction, self.seed = float(density), float(sample_fraction), int(seed)
+
+    def sample(self, keys, step, rank):
+        """The sampled keys (a strided view of ``keys.keys``)."""
+        n = keys.size
+        size = max(1, min(n, math.ceil(self.sample_fraction * n)))
+        stride = n // size
+        start = int(np.random.default_rng([self.seed, int(step), int(rank)]).integers(0, stride))
+        return keys.keys[start::stride][:size]
+
+    def select(self, acc, keys, k, step, rank):
+        if keys.size == 0 or k <= 0:
+            return keys.empty_indices(), "estimate"
+        sample = self.sample(keys, step, rank)
+        size = int(sample.shape[0])
+        estimate = magnitude_of(tensors.kth_largest(sample, max(1, math.ceil(self.density * size))))
+        indices, _, method = settle_threshold(keys, estimate, k)
+        return indices, method
 
 
 class LocalThreshold:
     """Ok-Topk's local threshold: exact every ``tau_prime`` steps, nudged in between.
 
-    On an exact step the selection is :func:`top_k` and the threshold becomes the
-    k-th largest magnitude. On the other steps the selection is ``|acc| >=
-    threshold``; then the threshold is multiplied by ``nudge`` if more than ``k``
-    entries were selected, divided by it if fewer, so it tracks k slowly without
-    a sort. A nudged count outside :func:`count_bounds` (fast drift) triggers the
-    exact selection at once, so the count guarantee of this module holds.
+    On an exact step the selection is :func:`top_k` (its floor FLOOR_MARGIN below the
+    current threshold, so usually O(k)) and the threshold becomes the k-th largest
+    magnitude. On the other steps the selection is ``|acc| >= threshold``; then the
+    threshold is multiplied by ``nudge`` if more than ``k`` entries were selected,
+    divided by it if fewer, so it tracks k slowly without a sort. A nudged count
+    outside :func:`count_bounds` (fast drift) triggers the exact selection at once,
+    so the count guarantee of this module holds.
 
-    Attributes: ``threshold`` (float magnitude, or None before the first exact
-    step), ``exact_steps`` (how many steps used the exact selection).
+    Attributes: ``threshold`` (float magnitude, or None before the first exact step),
+    ``exact_steps`` (how many steps used the exact selection).
     """
 
     def __init__(self, tau_prime, nudge=1.012):
@@ -185,23 +453,25 @@ class LocalThreshold:
         """Indices selected at ``step`` (the sparsifier's step counter); updates the threshold."""
         n = keys.size
         if n == 0 or k <= 0:
-            return np.empty(0, np.int64), "exact"
+            return keys.empty_indices(), "exact"
         k = min(k, n)
         if self.threshold is not None and step % self.tau_prime != 0 and k < n:
-            indices = at_least(keys, self.threshold)
+            key = key_of(self.threshold)
+            count = keys.count_at_least(key)
             lower, upper = count_bounds(k)
-            if lower <= indices.size <= upper:
-                if indices.size > k:
+            if lower <= count <= upper:
+                if count > k:
                     self.threshold *= self.nudge
-                elif indices.size < k:
+                elif count < k:
                     self.threshold /= self.nudge
-                return indices, "threshold"
-        indices = top_k(keys, k)
-        threshold = kth_largest_magnitude(keys, k)
+                return keys.at_least(key), "threshold"
+        floor = None if self.threshold is None else key_of(self.threshold / FLOOR_MARGIN)
+        found = top_k(keys, k, floor)
+        threshold = magnitude_of(found.kth)
         # A zero, infinite or NaN k-th magnitude cannot be nudged: recompute next step.
         self.threshold = threshold if math.isfinite(threshold) and threshold > 0 else None
         self.exact_steps += 1
-        return indices, "exact"
+        return found.indices, "exact"
 
     def state_dict(self):
         return {"has_threshold": int(self.threshold is not None),
@@ -211,3 +481,30 @@ class LocalThreshold:
     def load_state_dict(self, d):
         self.threshold = float(d["threshold"]) if int(d["has_threshold"]) else None
         self.exact_steps = int(d["exact_steps"])
+
+
+class OkTopkLocalRule(Rule):
+    """Ok-Topk's local selection: :class:`LocalThreshold` (exact every tau_prime steps).
+
+    tau_prime : steps between exact recomputations of the local threshold (>= 1).
+    nudge : factor (> 1) the threshold moves by per step in between.
+    The count is exactly min(k, n) on exact steps and in [ceil(k/2), 2k] otherwise.
+    """
+
+    name = "oktopk"
+
+    def __init__(self, tau_prime, nudge=1.012):
+        self.local = LocalThreshold(tau_prime, nudge)
+
+    def select(self, acc, keys, k, step, rank):
+        return self.local.select(keys, k, step)
+
+    @property
+    def threshold(self):
+        return self.local.threshold
+
+    def state_dict(self):
+        return self.local.state_dict()
+
+    def load_state_dict(self, d):
+        self.local.load_state_dict(d)

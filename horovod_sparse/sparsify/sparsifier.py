@@ -1,22 +1,28 @@
-"""The stateful per-buffer pipeline: error feedback -> select -> sparse allreduce -> residual update.
+"""The stateful per-buffer pipeline: memory -> select -> sparse allreduce -> residual update.
 
 One :class:`Sparsifier` holds everything one gradient buffer of length ``n`` needs on
-this rank from step to step: its memory (residual, or DGC's velocities), its
-selection rule's state (thresholds), its exchange engine (a
-:class:`~horovod_sparse.exchange.SparseAllreduce` it owns, on a duplicated
-communicator) and a step counter. Every rank must call :meth:`Sparsifier.step` the
-same number of times in the same order (the engine checks it and raises
+this rank from step to step: its memory (error feedback, or DGC's momentum
+correction, :mod:`horovod_sparse.memory`), its selection rule's carried threshold
+(:mod:`.selection`), its exchange engine (a :class:`~horovod_sparse.exchange.SparseAllreduce`
+it owns, on a duplicated communicator), scratch buffers and a step counter. Every rank
+must call :meth:`Sparsifier.step_sparse` (or :meth:`Sparsifier.step`) the same number
+of times in the same order (the engine checks it and raises
 :class:`~horovod_sparse.exchange.ExchangeError` on every rank otherwise).
+
+The buffer is numpy or a torch tensor on any device; the step runs in its library and
+device (:mod:`horovod_sparse.ops.tensors`), and only the selected (index, value) pairs
+cross to the host for the exchange, and the summed pairs come back.
 """
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from horovod_sparse.exchange import ALGORITHMS, SparseAllreduce, Traffic, intersect_sorted
-from horovod_sparse.sparsify.memory import ErrorFeedback, MomentumCorrection
-from horovod_sparse.sparsify.selection import VALUE_DTYPE, keys_of
 from horovod_sparse.closing import ClosesOnExit
+from horovod_sparse.exchange import ALGORITHMS, SparseAllreduce, Traffic
+from horovod_sparse.memory import ErrorFeedback, MomentumCorrection
+from horovod_sparse.ops import tensors
+from horovod_sparse.sparsify.selection import MagnitudeKeys
 
 #: exchanges whose global selection may drop locally selected entries: the residual
 #: is cleared only at local ∩ global selected (Ok-Topk's rule), not at all local ones
@@ -26,7 +32,7 @@ _STATE_FORMAT = 1
 
 @dataclass(frozen=True)
 class StepInfo:
-    """What one :meth:`Sparsifier.step` did on this rank.
+    """What one step did on this rank (arrays in the buffer's library and device).
 
     step : the step's number (0-based).
     local_indices : sorted int64 indices this rank selected and sent.
@@ -45,11 +51,11 @@ class StepInfo:
     """
 
     step: int
-    local_indices: np.ndarray
-    sent_values: np.ndarray
-    selected: np.ndarray
-    cleared_indices: np.ndarray
-    kept_values: np.ndarray
+    local_indices: Any
+    sent_values: Any
+    selected: Any
+    cleared_indices: Any
+    kept_values: Any
     method: str
     traffic: Traffic
 
@@ -63,7 +69,7 @@ class Sparsifier(ClosesOnExit):
         Buffer length (elements).
     comm : mpi4py communicator
         The ranks that exchange this buffer; duplicated by the engine (collective).
-    rule : a selection rule of :mod:`horovod_sparse.sparsify.rules`.
+    rule : a selection rule of :mod:`horovod_sparse.sparsify.selection`.
     k : int >= 0
         Target count of the selection (and of the global selection of the
         oktopk/gtopk exchanges); ``selection.k_for(density, n)``.
@@ -71,16 +77,15 @@ class Sparsifier(ClosesOnExit):
         :class:`~horovod_sparse.exchange.SparseAllreduce`).
     error_feedback : keep what was not consumed in the residual (default True).
     momentum : None, or DGC's momentum factor in [0, 1): then the memory is
-        :class:`~horovod_sparse.sparsify.memory.MomentumCorrection` instead of
-        error feedback.
+        :class:`~horovod_sparse.memory.MomentumCorrection` instead of error feedback.
     warmup_steps : number of first steps that send the whole accumulated buffer
         through a dense allreduce and clear the residual (Ok-Topk's warm-up).
     exchange_params : extra keyword parameters of the engine (e.g. oktopk's tau).
 
     Attributes: ``n``, ``k``, ``step_count``, ``residual`` (float32, length n; for
-    DGC the accumulated velocity v), ``velocity`` (DGC's u, else None), ``last``
-    (:class:`StepInfo` of the latest step, None before the first), ``traffic``
-    (cumulative :class:`~horovod_sparse.exchange.Traffic`).
+    DGC the accumulated velocity v; the live buffer: copy it to keep it), ``velocity``
+    (DGC's u, else None), ``last`` (:class:`StepInfo` of the latest step, None before
+    the first), ``traffic`` (cumulative :class:`~horovod_sparse.exchange.Traffic`).
     """
 
     def __init__(self, n, comm, rule, k, exchange="allgather", error_feedback=True, momentum=None,
@@ -101,6 +106,7 @@ class Sparsifier(ClosesOnExit):
         self.rank = self.engine.rank
         self.step_count = 0
         self.last: Optional[StepInfo] = None
+        self._scratch = None  # (keys int32, mask bool) in the buffer's library/device
 
     # ------------------------------------------------------------------ state
     @property
@@ -118,49 +124,93 @@ class Sparsifier(ClosesOnExit):
         return total + self.dense_engine.traffic if self.dense_engine is not None else total
 
     # ------------------------------------------------------------------- step
-    def step(self, grad, tag=0):
-        """Exchange this step's gradient; return the sum over ranks of what they sent.
+    def step_sparse(self, grad, tag=0):
+        """Exchange this step's gradient; return the sum over ranks of what they sent, sparse.
 
-        grad : 1-D float array of length n (cast to float32), this rank's gradient.
-            A wrong length raises ValueError on this rank alone (a programming error:
-            the frontends flatten the same layout on every rank).
-        tag : int passed to :meth:`SparseAllreduce.allreduce`; ranks passing
-            different tags all get an ExchangeError (use a CRC of the layout).
+        grad : 1-D float buffer of length n (numpy, or a torch tensor on any device; cast
+            to float32), this rank's gradient; or a list of 1-D float pieces that are that
+            buffer back to back (a step's gradients, flattened: the memory reads them where
+            they are instead of a fused copy). Never modified. A wrong length raises
+            ValueError on this rank alone (a programming error: the frontends flatten
+            the same layout on every rank).
+        tag : int passed to :meth:`SparseAllreduce.allreduce`; ranks passing different
+            tags all get an ExchangeError (use a CRC of the layout).
 
-        Returns a new float32 array of length n, bitwise identical on every rank:
-        the sum of the sent values on the global selection, zero elsewhere. If the
-        exchange raises, the sparsifier's state is left as it was before the call.
+        Returns ``(indices, values)``: sorted unique int64 indices and their float32 sums,
+        in grad's library and device, bitwise identical on every rank. If the exchange
+        raises, the sparsifier's state is left as it was before the call.
+
+        1. acc = memory.accumulate(grad): grad + residual (DGC: momentum correction),
+           one pass into a spare buffer;
+        2. local selection by the rule on acc's magnitude keys (one pass for the keys,
+           usually one comparison and one compaction);
+        3. gather the selected values; only (indices, values) cross to the host;
+        4. the exchange (numpy + mpi4py), and the summed pairs back to the device;
+        5. cleared = local (allgather/dsa) or local ∩ global selection (oktopk/gtopk);
+        6. commit: the residual is acc with zeros at the cleared indices.
         """
-        grad = np.asarray(grad)
-        if grad.ndim != 1 or grad.size != self.n or grad.dtype.kind != "f":
-            raise ValueError(f"grad must be a 1-D float array of length n={self.n}, "
-                             f"got shape {grad.shape} dtype {grad.dtype}")
-        grad = grad.astype(VALUE_DTYPE, copy=False)
-        acc = self.memory.accumulate(grad)
+        acc = self._accumulate(grad)                                           # step 1
         rule_state = self.rule.state_dict()
         try:
             if self.step_count < self.warmup_steps:
-                local, method, engine = np.arange(self.n, dtype=np.int64), "dense", self.dense_engine
+                local, method, engine = tensors.arange(self.n, acc), "dense", self.dense_engine
             else:
-                local, method = self.rule.select(acc, keys_of(acc), self.k, self.step_count, self.rank)
+                local, method = self.rule.select(acc, self._keys(acc), self.k,  # step 2
+                                                 self.step_count, self.rank)
                 engine = self.engine
-            sent = acc[local]
-            result = engine.allreduce(local, sent, tag=tag)
+            sent = tensors.take(acc, local)                                     # step 3
+            result = engine.allreduce(tensors.to_host(local), tensors.to_host(sent), tag=tag)
         except BaseException:
-            self.rule.load_state_dict(rule_state)  # nudged thresholds are not kept either
+            self.rule.load_state_dict(rule_state)  # carried thresholds are not kept either
             raise
-        selected = np.asarray(result.selected, dtype=np.int64) if engine is self.engine else local
-        if engine is self.engine and self.exchange in SELECTING_EXCHANGES:
-            cleared = intersect_sorted(local, selected)
+        if engine is self.dense_engine:                                         # step 4
+            indices, values = local, tensors.from_host(result.values, acc)
+            selected, cleared, kept = local, local, sent
         else:
-            cleared = local
-        kept = sent if cleared is local else acc[cleared]
-        self.memory.commit(acc, cleared)
-        out = result.dense()
+            indices = tensors.from_host(result.indices, acc)
+            values = tensors.from_host(result.values, acc)
+            selected = indices if result.selected is result.indices else tensors.from_host(result.selected, acc)
+            cleared, kept = local, sent                                         # step 5
+            if self.exchange in SELECTING_EXCHANGES:
+                consumed = tensors.compact(tensors.isin_sorted(local, selected))
+                cleared, kept = tensors.take(local, consumed), tensors.take(sent, consumed)
+        self.memory.commit_cleared(acc, cleared)                                # step 6
         self.last = StepInfo(self.step_count, local, sent, selected, cleared, kept, method,
                              result.traffic)
         self.step_count += 1
+        return indices, values
+
+    def step(self, grad, tag=0):
+        """:meth:`step_sparse`, densified: a new float32 buffer of length n in grad's library
+        and device, the sum of the sent values on the global selection, zero elsewhere."""
+        indices, values = self.step_sparse(grad, tag=tag)
+        if indices.shape[0] == self.n:  # every index (a dense warm-up step): values is dense
+            return values
+        out = tensors.zeros(self.n, "float32", values)
+        tensors.put(out, indices, values)
         return out
+
+    def _accumulate(self, grad):
+        """Step 1 on a buffer or on its pieces; ValueError (state untouched) unless grad is
+        1-D float data of n elements in all."""
+        pieces = [_as_1d_float(piece, self.n) for piece in (grad if _is_pieces(grad) else [grad])]
+        total = sum(int(piece.shape[0]) for piece in pieces)
+        if total != self.n:
+            got = (f"pieces of {total} elements in all" if _is_pieces(grad)
+                   else f"shape {tuple(pieces[0].shape)} dtype {pieces[0].dtype}")
+            raise ValueError(f"grad must be a 1-D float array of length n={self.n}, got {got}")
+        if not _is_pieces(grad) or not pieces:
+            flat = pieces[0] if pieces else np.empty(0, np.float32)
+            if tensors.is_torch(flat):
+                return self.memory.accumulate(flat.to(tensors.dtype_of(flat, "float32")))
+            return self.memory.accumulate(flat.astype(np.float32, copy=False))
+        return self.memory.accumulate_pieces(pieces)
+
+    def _keys(self, acc):
+        """acc's magnitude keys, in scratch buffers allocated once per library/device."""
+        if self._scratch is None or not _same_place(self._scratch[0], acc):
+            self._scratch = (tensors.empty(self.n, "int32", acc), tensors.empty(self.n, "bool", acc))
+        return MagnitudeKeys(acc, *self._scratch)
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self):
@@ -195,6 +245,30 @@ class Sparsifier(ClosesOnExit):
     def __repr__(self):
         return (f"Sparsifier(n={self.n}, k={self.k}, rule={self.rule.name}, "
                 f"exchange={self.exchange!r}, step={self.step_count})")
+
+
+def _is_pieces(grad):
+    return isinstance(grad, (list, tuple))
+
+
+def _as_1d_float(array, n):
+    """A contiguous, detached 1-D float array (numpy or torch), or ValueError."""
+    if tensors.is_torch(array):
+        if array.dim() == 1 and array.is_floating_point():
+            return array.detach().contiguous()
+    else:
+        array = np.asarray(array)
+        if array.ndim == 1 and array.dtype.kind == "f":
+            return np.ascontiguousarray(array)
+    raise ValueError(f"grad must be a 1-D float array of length n={n}, "
+                     f"got shape {tuple(array.shape)} dtype {array.dtype}")
+
+
+def _same_place(x, like):
+    """True if ``x`` lives in ``like``'s library (and device, for torch)."""
+    if tensors.is_torch(x) != tensors.is_torch(like):
+        return False
+    return not tensors.is_torch(x) or x.device == like.device
 
 
 def _sub(d, prefix):

@@ -14,7 +14,8 @@ from horovod_sparse.tensorflow.keras_check import KerasVersionError, check_keras
 
 check_keras_version()
 
-from horovod_sparse.tensorflow.chained import TFSparseCompressor  # noqa: E402
+from horovod_sparse.tensorflow.chained import TFOutOfBandCompressor, TFSparseCompressor  # noqa: E402
 from horovod_sparse.tensorflow.compression import Compression, TFCompressor  # noqa: E402
 
-__all__ = ["Compression", "TFCompressor", "TFSparseCompressor", "KerasVersionError", "check_keras_version"]
+__all__ = ["Compression", "TFCompressor", "TFOutOfBandCompressor", "TFSparseCompressor", "KerasVersionError",
+           "check_keras_version"]

@@ -1,4 +1,5 @@
-"""The TensorFlow sparse compressor: sparse exchanges chained in trace order.
+"""The TensorFlow out-of-band compressor: exchanges Horovod's allreduce cannot carry
+(sparsifiers, bit-packed quantizers, PowerSGD, FFT), chained in trace order.
 
 Horovod's TensorFlow frontend calls ``compress`` for a gradient, allreduces its payload,
 then calls ``decompress``. By default it does this one gradient at a time (each inside
@@ -25,11 +26,11 @@ from horovod_sparse.sparse_adapter import SparseCompressorBase
 from horovod_sparse.tensorflow.positions import TracePositions
 
 
-class TFSparseCompressor(SparseCompressorBase, HorovodCompressor):
-    """A real ``horovod.tensorflow.compression.Compressor`` running sparsifiers.
+class TFOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
+    """A real ``horovod.tensorflow.compression.Compressor`` running fused pipelines out of band.
 
     Args:
-        algorithm: a sparsifying compressor (``horovod_sparse.create("topk:density=0.01")``).
+        algorithm: a fused compressor (``horovod_sparse.create("topk:density=0.01")``).
         dense_below: gradients with fewer elements (and non-float ones) go through Horovod's
             allreduce unchanged.
 
@@ -86,3 +87,7 @@ class TFSparseCompressor(SparseCompressorBase, HorovodCompressor):
             with tf.init_scope():
                 self._token = tf.Variable(0, dtype=tf.int64, trainable=False, name="exchange_token")
         return self._token
+
+
+#: the name it had when only sparsifiers used it
+TFSparseCompressor = TFOutOfBandCompressor

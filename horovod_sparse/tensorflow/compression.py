@@ -1,4 +1,5 @@
 """The TensorFlow Horovod compressor: one framework-free compressor bound to TF ops."""
+import tensorflow as tf
 from horovod.tensorflow.compression import Compressor as HorovodCompressor
 
 from horovod_sparse.adapter import CompressorAdapter, make_compression_namespace
@@ -27,6 +28,9 @@ class TFCompressor(CompressorAdapter, HorovodCompressor):
     def __init__(self, algorithm):
         super().__init__(algorithm)
         self._positions = TracePositions()
+
+    # A walk over Python frames, run once at trace time: autograph must not rewrite its loop.
+    agree_across_ranks = tf.autograph.experimental.do_not_convert(CompressorAdapter.agree_across_ranks)
 
     def compress(self, tensor, name=None):
         return self.compress_slot(tensor, name if name is not None else self._positions.next(self.algorithm))

@@ -9,6 +9,6 @@
 Imports PyTorch (and Horovod's PyTorch ops) only.
 """
 from horovod_sparse.torch.compression import Compression, TorchCompressor
-from horovod_sparse.torch.fused import TorchSparseCompressor
+from horovod_sparse.torch.fused import TorchOutOfBandCompressor, TorchSparseCompressor
 
-__all__ = ["Compression", "TorchCompressor", "TorchSparseCompressor"]
+__all__ = ["Compression", "TorchCompressor", "TorchOutOfBandCompressor", "TorchSparseCompressor"]

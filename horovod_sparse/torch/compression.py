@@ -3,7 +3,7 @@ from horovod.torch.compression import Compressor as HorovodCompressor
 
 from horovod_sparse.adapter import CompressorAdapter, make_compression_namespace
 from horovod_sparse.ops.torch_ops import TorchOps
-from horovod_sparse.torch.fused import TorchSparseCompressor
+from horovod_sparse.torch.fused import TorchOutOfBandCompressor
 
 
 class TorchCompressor(CompressorAdapter, HorovodCompressor):
@@ -40,7 +40,7 @@ class TorchCompressor(CompressorAdapter, HorovodCompressor):
 
 
 Compression = make_compression_namespace(
-    TorchCompressor, TorchSparseCompressor,
+    TorchCompressor, TorchOutOfBandCompressor,
     """Compressors for ``hvd.DistributedOptimizer(compression=...)``.
 
     Each attribute is a factory returning a new :class:`TorchCompressor`, e.g.

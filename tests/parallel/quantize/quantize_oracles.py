@@ -3,13 +3,13 @@
 They take every rank's input (gathered by the test's own mpi4py Allgather) and redo,
 in one process with plain numpy and the codec's encode/decode, what the documented
 exchange computes: the seeds of the module docstring of
-horovod_sparse.exchange.compressed, rank-order float32 sums from zeros, the majority
+horovod_sparse.exchange.compressed, rank-order float32 sums from the first piece, the majority
 vote, the owners' re-encoding and their server residuals.
 """
 import numpy as np
 from mpi4py import MPI
 
-from horovod_sparse.quantize.codec import derive_seed
+from horovod_sparse.exchange.seeds import derive_seed
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
@@ -28,8 +28,8 @@ def vote(total):
 
 
 def sum_in_rank_order(pieces, count):
-    total = np.zeros(count, np.float32)
-    for piece in pieces:
+    total = np.array(pieces[0], dtype=np.float32) if pieces else np.zeros(count, np.float32)
+    for piece in pieces[1:]:
         total += piece
     return total
 

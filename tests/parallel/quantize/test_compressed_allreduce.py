@@ -1,11 +1,13 @@
 """CompressedAllreduce (alltoall and allgather) for every codec, against independent oracles.
 
-Checks: the result is bitwise identical on every rank and equal to the oracle
+Checks: the result is bitwise identical on every rank and bitwise equal to the oracle
 (quantize_oracles: every rank's input gathered with the test's own Allgather, the
 exchange redone with numpy); for "allgather" also to the rank-order float32 sum of the
 ranks' own decoded contributions; the majority vote equals P * sign(sum of signs);
 the payload bytes equal the documented formula exactly; agreement errors raise on every
-rank; n = 0, n < P and P = 1 work.
+rank; n = 0, n < P and P = 1 work. With torch tensors as input the exchange runs on
+them (result and ``own`` are tensors) and gives bitwise the numpy results, moving only
+the codes off the tensor's device (tensors.HOST_TRAFFIC).
 """
 import numpy as np
 import pytest
@@ -21,6 +23,11 @@ CODECS = [BF16Codec(), QSGDCodec(), QSGDCodec(levels=3, bucket_size=7), TernGrad
           ScaledSignCodec(), OneBitCodec()]
 METHODS = ["alltoall", "allgather"]
 HEADER_BYTES = 10 * 8  # the agreement header: 10 int64 to each peer
+
+
+def bits(values):
+    """The float32 bit patterns: comparisons that tell -0 from 0 and see NaN payloads."""
+    return np.asarray(values, dtype=np.float32).view(np.uint32)
 
 
 def rank_input(n, call, rank=RANK):
@@ -42,14 +49,14 @@ def test_matches_oracle(comm, assert_identical_across_ranks, codec, method, n):
             assert res.values.dtype == np.float32 and res.values.shape == (n,)
             assert_identical_across_ranks(res.values)
             inputs = gather_rows(comm, x)
-            np.testing.assert_array_equal(res.values, oracle(inputs, seed))
-            np.testing.assert_array_equal(res.own, oracle.own(x, RANK, seed))
+            np.testing.assert_array_equal(bits(res.values), bits(oracle(inputs, seed)))
+            np.testing.assert_array_equal(bits(res.own), bits(oracle.own(x, RANK, seed)))
             if method == "allgather" and codec.aggregate == "sum":
                 owns = gather_rows(comm, res.own)
-                total = np.zeros(n, np.float32)
-                for row in owns:
+                total = owns[0].copy()
+                for row in owns[1:]:
                     total += row
-                np.testing.assert_array_equal(res.values, total)
+                np.testing.assert_array_equal(bits(res.values), bits(total))
             if codec.aggregate == "majority":
                 signs = np.where(inputs >= 0, 1, -1).sum(axis=0)
                 np.testing.assert_array_equal(res.values, SIZE * np.where(signs >= 0, 1, -1))
@@ -166,3 +173,38 @@ def test_state_dict_restores_server_residual_and_calls(assert_identical_across_r
             np.testing.assert_array_equal(ra.values, rb.values)
         np.testing.assert_array_equal(a.server_residual, b.server_residual)
         assert a.calls == b.calls == 3
+
+
+# ------------------------------------------------------------------ torch
+@pytest.mark.parametrize("codec", CODECS, ids=repr)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("n", [1000, 2])
+def test_torch_input_gives_the_numpy_result(assert_identical_across_ranks, codec, method, n):
+    torch = pytest.importorskip("torch")
+    from horovod_sparse.ops.tensors import HOST_TRAFFIC
+    server = method == "alltoall" and codec.aggregate == "sum"
+    twin = type(codec).__new__(type(codec))
+    twin.__dict__.update(codec.__getstate__())  # the same code, its own scratch buffers
+    with CompressedAllreduce(n, codec, method, server_error_feedback=server) as on_numpy, \
+            CompressedAllreduce(n, twin, method, server_error_feedback=server) as on_torch:
+        for call in range(3):
+            x = rank_input(n, call)
+            expected = on_numpy.allreduce(x, seed=call, tag=5)
+            HOST_TRAFFIC.reset()
+            got = on_torch.allreduce(torch.from_numpy(x.copy()), seed=call, tag=5)
+            assert isinstance(got.values, torch.Tensor) and isinstance(got.own, torch.Tensor)
+            np.testing.assert_array_equal(bits(got.values.numpy()), bits(expected.values))
+            np.testing.assert_array_equal(bits(got.own.numpy()), bits(expected.own))
+            assert_identical_across_ranks(got.values.numpy())
+            assert got.traffic == expected.traffic
+            # only codes crossed: the chunks' codes out and back, the owner's code out and back
+            whole = sum(on_torch.chunk_nbytes)
+            if method == "allgather":
+                crossed = codec.nbytes(n) * (1 + SIZE)
+            else:
+                crossed = 2 * whole + (SIZE + 1) * on_torch.chunk_nbytes[RANK]
+            assert HOST_TRAFFIC.bytes == crossed
+        if server:
+            np.testing.assert_array_equal(bits(on_torch.server_residual.numpy()), bits(on_numpy.server_residual))
+            for key, value in on_numpy.state_dict().items():
+                np.testing.assert_array_equal(on_torch.state_dict()[key], value)

@@ -1,8 +1,10 @@
 """The FFT pipeline (and the ``fft`` compressor) against oracles computed here with numpy + mpi4py.
 
-Oracles: the spectrum is recomputed per chunk with numpy's rfft; the selection must be the
-top-energy coefficients of it; the result must be the inverse FFT of the sum over ranks of
-every rank's decoded kept spectrum (gathered with MPI); the residual must conserve acc.
+Oracles: the spectrum is recomputed per chunk with numpy's rfft (float32 in, complex64 out:
+numpy >= 2 transforms float32 natively, which is the pipeline's definition); the selection
+must be the top-energy coefficients of it (energies in float64 here); the result must be
+the inverse FFT of the sum over ranks of every rank's decoded kept spectrum (gathered with
+MPI); the residual must conserve acc.
 """
 import math
 
@@ -33,19 +35,20 @@ def chunk_bounds(n=N, chunk=CHUNK):
 
 
 def oracle_spectrum(x):
-    """float32 re/im interleaved spectrum, chunk by chunk, numpy only."""
-    parts = [np.fft.rfft(np.asarray(x[a:b], np.float64), norm="ortho") for a, b in chunk_bounds()]
-    return np.concatenate(parts).astype(np.complex64).view(np.float32)
+    """float32 re/im interleaved spectrum, chunk by chunk (float32 transforms), numpy only."""
+    parts = [np.fft.rfft(np.asarray(x[a:b], np.float32), norm="ortho") for a, b in chunk_bounds()]
+    assert all(part.dtype == np.complex64 for part in parts)
+    return np.concatenate(parts).view(np.float32)
 
 
 def oracle_inverse(spectrum):
     out, offset = [], 0
-    coefficients = np.asarray(spectrum, np.float32).view(np.complex64).astype(np.complex128)
+    coefficients = np.asarray(spectrum, np.float32).view(np.complex64)
     for a, b in chunk_bounds():
         m = (b - a) // 2 + 1
         out.append(np.fft.irfft(coefficients[offset:offset + m], n=b - a, norm="ortho"))
         offset += m
-    return np.concatenate(out).astype(np.float32)
+    return np.concatenate(out).astype(np.float32, copy=False)
 
 
 def oracle_energies(spectrum):
@@ -239,3 +242,98 @@ def test_bad_parameters(params, name):
         FFTSparsifier(N, MPI.COMM_WORLD, **pipeline_params)
     with pytest.raises(ValueError, match="theta_schedule"):
         FFTSparsifier(N, MPI.COMM_WORLD, theta_schedule="cosine")
+
+
+# ------------------------------------------------------------------ torch tensors
+# The same pipeline on torch tensors. On CPU it runs numpy's kernels (pocketfft, partition)
+# on zero-copy views (numpy_on_cpu, the default): the numpy path's bits exactly. With
+# numpy_on_cpu=False it runs torch's own (torch.fft, as on a GPU), whose float32 transforms
+# round differently (relative L2 ~1.5e-7 here). Tolerance, from the same state each step:
+# * selection: a coefficient chosen by one side only must sit at the threshold, its energy
+#   within 1e-4 (relative) of the k-th largest (a near-tie the rounding may swap);
+# * when no rank swapped any: ||result - numpy's||_2 <= sqrt(2) (2 eps_code + 2**-20)
+#   sum_r ||acc_r||_2, i.e. a value's code may differ by one step (a value at a rounding
+#   boundary of the codes), plus the transforms' rounding (measured: ~1.4e-7 relative,
+#   1.3e-5 on a step where one code flipped).
+import torch  # noqa: E402
+
+from horovod_sparse.ops import tensors  # noqa: E402
+
+
+def _pipeline(exchange, numpy_on_cpu=True, bits=8):
+    p = FFTSparsifier(N, MPI.COMM_WORLD, theta=0.8, bits=bits, chunk_size=CHUNK, exchange=exchange,
+                      exchange_params=dict(tau=2, tau_prime=2) if exchange == "oktopk" else None)
+    p.numpy_on_cpu = numpy_on_cpu
+    return p
+
+
+def _numpy(x):
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+@pytest.mark.parametrize("exchange", ["allgather", "oktopk"])
+def test_torch_input_gives_the_numpy_bits(comm, assert_identical_across_ranks, exchange):
+    with _pipeline(exchange) as on_numpy, _pipeline(exchange) as on_torch:
+        for step in range(4):
+            grad = gradient(step)
+            expected = on_numpy.step(grad)
+            got = on_torch.step(torch.from_numpy(grad.copy()))
+            assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
+            assert np.array_equal(got.numpy().view(np.uint32), expected.view(np.uint32))
+            assert isinstance(on_torch.residual, torch.Tensor)
+            assert np.array_equal(on_torch.residual.numpy().view(np.uint32), on_numpy.residual.view(np.uint32))
+            mine, theirs = on_torch.last, on_numpy.last
+            for field in ("kept", "indices", "sent_values", "cleared"):
+                assert isinstance(getattr(mine, field), torch.Tensor), field
+                assert np.array_equal(_numpy(getattr(mine, field)), getattr(theirs, field)), field
+            assert mine.traffic == theirs.traffic and mine.kept_coefficients == theirs.kept_coefficients
+            assert_identical_across_ranks(got.numpy())
+        a, b = on_numpy.state_dict(), on_torch.state_dict()
+        assert set(a) == set(b)
+        assert all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+
+
+def test_torch_kernels_agree_with_numpy(comm, assert_identical_across_ranks):
+    with _pipeline("allgather", bits=16) as on_numpy, _pipeline("allgather", False, bits=16) as on_torch:
+        compared = 0
+        for step in range(6):
+            state = on_numpy.state_dict()
+            on_torch.load_state_dict(state)  # the same start: one step's difference
+            grad = gradient(step)
+            acc = grad + state["residual"]
+            expected = on_numpy.step(grad)
+            got = on_torch.step(torch.from_numpy(grad.copy()))
+            assert_identical_across_ranks(got.numpy())
+            # selection: the same coefficients up to near-ties at the threshold
+            energies = oracle_energies(oracle_spectrum(acc))
+            mine = _numpy(on_torch.last.indices)[0::2] // 2
+            theirs = on_numpy.last.indices[0::2] // 2
+            kth = energies[theirs].min()
+            swapped = np.setxor1d(mine, theirs)
+            assert np.all(np.abs(energies[swapped] - kth) <= 1e-4 * kth), swapped
+            if comm.allreduce(swapped.size) == 0:
+                compared += 1
+                bound = math.sqrt(2) * (2 * on_numpy.codec.relative_error + 2.0 ** -20) * norm_sum(comm, acc)
+                assert np.linalg.norm(got.numpy() - expected) <= bound
+            # conservation with torch's kernels
+            kept, residual = _numpy(on_torch.last.kept), _numpy(on_torch.residual)
+            assert np.all(np.abs(kept + residual - acc) <= 2.0 ** -23 * (np.abs(acc) + np.abs(kept)))
+        assert compared >= 4  # near-ties are rare: most steps compare the results
+
+
+@pytest.mark.parametrize("exchange", ["allgather", "oktopk"])
+def test_only_the_kept_pairs_cross_to_the_host(exchange):
+    """With torch input, what leaves torch (tensors.HOST_TRAFFIC) is the kept pairs (int64
+    position + float32 value); what enters is their decoded values, the positions and
+    values consumed (oktopk only: allgather consumes all it sent) and the summed pairs."""
+    with _pipeline(exchange) as p:
+        for step in range(3):
+            tensors.HOST_TRAFFIC.reset()
+            p.step(torch.from_numpy(gradient(step)))
+            sent, cleared = p.last.indices.numel(), p.last.cleared.numel()
+            traffic = tensors.HOST_TRAFFIC
+            assert traffic.bytes_out == 12 * sent
+            # the summed pairs: at most every rank's kept pairs (theta = 0.8 keeps 20% of
+            # the floats, so at P = 4 their union may outweigh the gradient)
+            support = (traffic.bytes_in - 4 * sent - (12 * cleared if exchange == "oktopk" else 0)) / 12
+            assert support == int(support) and 0 < support <= SIZE * sent

@@ -227,3 +227,93 @@ def test_mismatches_raise_on_every_rank(comm, assert_identical_across_ranks):
     with horovod_sparse.create("powersgd", rank=2 + (RANK == 0)).make_sparsifier(
             LAYOUT.n, comm, layout=LAYOUT) as pipe:
         _expect_error_everywhere(pipe, gradient(LAYOUT, 0), 0, "ranks disagree on k")
+
+
+# ------------------------------------------------------------------ torch tensors
+# The same pipeline code on torch tensors. On CPU it runs numpy's kernels on zero-copy views
+# (numpy_on_cpu, the default), so it must give the numpy path's bits exactly; with
+# numpy_on_cpu=False it runs torch's own kernels, as on a GPU: P = M Q and Q = M^T P then go
+# through another BLAS, whose float32 sums round differently, so it agrees with numpy within
+# a tolerance: 1e-5 x max|result| per matrix, from the same state each step (measured: at
+# most 6e-7). The orthonormalisation and the result's element-wise products are the same
+# code on the same (summed) factors, so replicas stay bitwise identical on every rank.
+import torch  # noqa: E402
+
+from horovod_sparse.ops import tensors  # noqa: E402
+
+TORCH_CASES = [(LAYOUT, 2), (LAYOUT, 1), (None, 3)]
+
+
+def _make(layout, rank, numpy_on_cpu=True):
+    n = LAYOUT.n if layout is not None else 1000
+    pipe = horovod_sparse.create("powersgd", rank=rank).make_sparsifier(n, MPI.COMM_WORLD, layout=layout)
+    pipe.numpy_on_cpu = numpy_on_cpu
+    return pipe
+
+
+def _tag(layout):
+    return layout.tag if layout is not None else 7
+
+
+@pytest.mark.parametrize("layout, rank", TORCH_CASES)
+def test_torch_input_gives_the_numpy_bits(layout, rank, assert_identical_across_ranks):
+    with _make(layout, rank) as on_numpy, _make(layout, rank) as on_torch:
+        for step in range(4):
+            grad = gradient(layout, step)
+            expected = on_numpy.step(grad, tag=_tag(layout))
+            got = on_torch.step(torch.from_numpy(grad.copy()), tag=_tag(layout))
+            assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
+            assert isinstance(on_torch.residual, torch.Tensor) and isinstance(on_torch.last.kept, torch.Tensor)
+            assert all_ranks(np.array_equal(got.numpy().view(np.uint32), expected.view(np.uint32)))
+            assert all_ranks(np.array_equal(on_torch.residual.numpy(), on_numpy.residual))
+            assert all_ranks(np.array_equal(on_torch.last.kept.numpy(), on_numpy.last.kept))
+            assert on_torch.last.traffic == on_numpy.last.traffic
+            assert_identical_across_ranks(got.numpy())
+        a, b = on_numpy.state_dict(), on_torch.state_dict()
+        assert set(a) == set(b)
+        assert all(isinstance(v, (int, np.ndarray)) for v in b.values())
+        assert all_ranks(all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a))
+
+
+@pytest.mark.parametrize("layout, rank", TORCH_CASES)
+def test_torch_kernels_agree_with_numpy(layout, rank, comm, assert_identical_across_ranks):
+    n = LAYOUT.n if layout is not None else 1000
+    with _make(layout, rank) as on_numpy, _make(layout, rank, numpy_on_cpu=False) as on_torch:
+        blocks = expected_blocks(layout, rank, n)
+        dense = np.ones(n, bool)
+        for offset, size, *_ in blocks:
+            dense[offset:offset + size] = False
+        for step in range(4):
+            state = on_numpy.state_dict()
+            on_torch.load_state_dict(state)  # the same start: one step's difference
+            grad = gradient(layout, step)
+            acc = grad + state["residual"]
+            expected = on_numpy.step(grad, tag=_tag(layout))
+            got = on_torch.step(torch.from_numpy(grad.copy()), tag=_tag(layout))
+            assert_identical_across_ranks(got.numpy())
+            got = got.numpy()
+            for offset, size, *_ in blocks:
+                span = slice(offset, offset + size)
+                assert all_ranks(np.abs(got[span] - expected[span]).max() <= 1e-5 * np.abs(expected[span]).max())
+            assert all_ranks(np.array_equal(got[dense], expected[dense]))  # the same floats summed
+            # Conservation with torch's kernels: residual = float32(acc - kept), correctly rounded.
+            kept, residual = on_torch.last.kept.numpy().astype(np.float64), on_torch.residual.numpy()
+            a64 = acc.astype(np.float64)
+            assert all_ranks(np.all(np.abs(kept + residual - a64) <= 0.5 * EPS32 * np.abs(a64 - kept)))
+            assert all_ranks(np.array_equal(kept[dense], a64[dense]) and not np.any(residual[dense]))
+
+
+def test_only_the_factors_cross_to_the_host(comm):
+    """With torch input, what enters and leaves torch (tensors.HOST_TRAFFIC) is exactly the
+    factors: P's and dense vector out, Q's out; start Q's, orthonormal P's, summed Q's and
+    the dense sum in. Never the gradient."""
+    with _make(LAYOUT, 2) as pipe:
+        plan = pipe.plan
+        p, q, d = plan.p_size, plan.q_size, plan.dense_size
+        for step in range(2):
+            tensors.HOST_TRAFFIC.reset()
+            pipe.step(torch.from_numpy(gradient(LAYOUT, step)), tag=LAYOUT.tag)
+            traffic = tensors.HOST_TRAFFIC
+            assert traffic.bytes_out == 4 * (p + d + q)
+            assert traffic.bytes_in == 4 * (q + p + q + d)
+            assert traffic.largest == 4 * max(p + d, q) < 4 * LAYOUT.n

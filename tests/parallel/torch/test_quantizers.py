@@ -117,3 +117,28 @@ def test_powersgd_bytes_are_the_low_rank_factors():
     bound = ring(P) * factors * 4 + ring(P) * (N_SMALL + 2) * 4 + 256 * P
     assert sent <= bound, f"powersgd: {sent:.0f} B/step, bound {bound:.0f}"
     assert sent * 10 <= dense_ring
+
+
+@pytest.mark.parametrize("spec", ["bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
+                                  "qsgd:method=allgather"])
+def test_quantizers_run_on_torch_and_only_codes_leave_it(spec, assert_identical_across_ranks):
+    """Behind the frontend the pipeline gets the fused buffer as a torch tensor and computes on
+    it: what crosses to the host (tensors.HOST_TRAFFIC) is exactly the codes of the step's
+    compressed allreduce, and the results agree bitwise across ranks."""
+    from horovod_sparse.ops.tensors import HOST_TRAFFIC
+    compressor = hvds.Compression.from_spec(spec, dense_below=64)
+    rng = np.random.default_rng(700 + hvd.rank())
+    for _ in range(2):
+        grads = [torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in SHAPES]
+        HOST_TRAFFIC.reset()
+        results = exchange(compressor, grads)
+        crossed = HOST_TRAFFIC.bytes
+        (_, pipeline), = compressor.sparsifiers.values()
+        ex = pipeline.exchange
+        if ex.method == "allgather":
+            codes = ex.codec.nbytes(ex.n) * (1 + hvd.size())
+        else:
+            codes = 2 * sum(ex.chunk_nbytes) + (hvd.size() + 1) * ex.chunk_nbytes[ex.rank]
+        assert crossed == codes, f"{spec}: {crossed} bytes crossed, the codes are {codes}"
+        for result in results:
+            assert_identical_across_ranks(result.numpy())

@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import horovod_sparse
 import horovod_sparse.torch as hvds
+from horovod_sparse.layout import GradientLayout
 
 SPARSIFIERS = ["topk:density=0.05", "topk:density=0.05,exchange=oktopk", "topk:density=0.05,exchange=dsa",
                "topk:density=0.05,exchange=gtopk", "oktopk:density=0.05", "gtopk:density=0.05",
@@ -21,10 +23,18 @@ SHAPES = [(64, 40), (40,), (300,), (10, 3)]  # 40 and 30 elements stay under den
 
 
 def exchange(compressor, grads, op=hvd.Average):
-    """What hvd.DistributedOptimizer does: compress all, allreduce the payloads, then decompress."""
+    """What hvd.DistributedOptimizer does: compress all, allreduce the payloads, then decompress.
+    Each gradient goes in as a copy, like the p.grad Horovod passes: the out-of-band
+    compressors write the result into the gradient tensor itself."""
+    grads = [g.clone() for g in grads]
     compressed = [compressor.compress(g) for g in grads]
     handles = [hvd.allreduce_async(p, op=op) for p, _ in compressed]
     return [compressor.decompress(hvd.synchronize(h), ctx) for h, (_, ctx) in zip(handles, compressed)]
+
+
+def numpy_of(array):
+    """The pipeline's arrays live on the gradients' framework (torch here): as numpy."""
+    return array.numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
 
 
 def exact_topk(values, k):
@@ -59,25 +69,76 @@ def test_reduced_result_matches_what_ranks_kept(spec, comm, average_across_ranks
         results = exchange(compressor, [torch.from_numpy(g) for g in grads])
         (layout, sparsifier), = compressor.sparsifiers.values()
         info = sparsifier.last
+        local, selected = numpy_of(info.local_indices), numpy_of(info.selected)
+        new_residual = numpy_of(sparsifier.residual).copy()
         fused = np.concatenate([g.ravel() for g in grads if g.size >= 64])
         if spec.startswith("dgc"):
-            assert np.all(np.isfinite(sparsifier.residual))
+            assert np.all(np.isfinite(new_residual))
         else:
             acc = fused + (0 if residual is None else residual)
             kept = np.zeros_like(acc)
-            kept[info.local_indices] = acc[info.local_indices]
-            np.testing.assert_allclose(info.sent_values, acc[info.local_indices], rtol=0, atol=0)
-            cleared = acc - sparsifier.residual
+            kept[local] = acc[local]
+            np.testing.assert_allclose(numpy_of(info.sent_values), acc[local], rtol=0, atol=0)
+            cleared = acc - new_residual
             # conservation: the residual holds exactly what was not cleared
-            np.testing.assert_array_equal(sparsifier.residual + cleared, acc)
+            np.testing.assert_array_equal(new_residual + cleared, acc)
             oracle = average_across_ranks(kept)
             result = np.concatenate([r.numpy().ravel() for r, g in zip(results, grads) if g.size >= 64])
-            np.testing.assert_allclose(result[info.selected], oracle[info.selected], rtol=1e-5, atol=1e-6)
-            unselected = np.setdiff1d(np.arange(acc.size), info.selected)
+            np.testing.assert_allclose(result[selected], oracle[selected], rtol=1e-5, atol=1e-6)
+            unselected = np.setdiff1d(np.arange(acc.size), selected)
             assert not np.any(result[unselected]), "values outside the global selection"
-            residual = sparsifier.residual.copy()
+            residual = new_residual
         for r in results:
             assert_identical_across_ranks(r.numpy())
+
+
+@pytest.mark.parametrize("spec", SPARSIFIERS)
+def test_frontend_writes_what_the_numpy_sparsifier_computes(spec, comm, assert_identical_across_ranks):
+    """The frontend hands its sparsifier torch tensors; a numpy Sparsifier fed the same fused
+    gradients gives the same sums, bit for bit (scaled for Average the same way), every step;
+    each result lands in the gradient tensor itself, in its dtype and shape."""
+    compressor = hvds.Compression.from_spec(spec, dense_below=64)
+    big = [(position, s) for position, s in enumerate(SHAPES) if int(np.prod(s)) >= 64]
+    layout = GradientLayout([(position, s, "float32") for position, s in big])
+    scale = 1.0 / hvd.size()
+    with horovod_sparse.create(spec).make_sparsifier(layout.n, comm, layout=layout) as reference:
+        rng = np.random.default_rng(700 + hvd.rank())
+        for _ in range(4):
+            grads = [torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in SHAPES]
+            expected = reference.step(layout.fuse([grads[p].numpy() for p, _ in big]), tag=layout.tag)
+            expected = layout.split((torch.from_numpy(expected) * scale).numpy())
+            compressed = [compressor.compress(g) for g in grads]
+            handles = [hvd.allreduce_async(payload, op=hvd.Average) for payload, _ in compressed]
+            results = [compressor.decompress(hvd.synchronize(h), ctx) for h, (_, ctx) in zip(handles, compressed)]
+            for grad, result in zip(grads, results):
+                assert result.shape == grad.shape and result.dtype == torch.float32
+                if grad.numel() >= 64:
+                    assert result is grad  # written in place, as Horovod's own allreduce does
+                    np.testing.assert_array_equal(result.numpy(), expected.pop(0))
+                assert_identical_across_ranks(result.numpy())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_results_come_back_in_each_gradients_dtype_and_layout(dtype, comm):
+    """float16/bfloat16/float64 gradients, and a non-contiguous one, through the sparse path:
+    the pipeline sees them as float32 (as a numpy Sparsifier fed float32 copies does) and
+    each result comes back in its gradient's dtype and shape; contiguous ones in place."""
+    compressor = hvds.Compression.topk(density=0.1, dense_below=0)
+    torch.manual_seed(50 + hvd.rank())
+    grads = [torch.randn(30, 20).to(dtype), torch.randn(20, 30).to(dtype).t(), torch.randn(50).to(dtype)]
+    layout = GradientLayout([(position, tuple(g.shape), "float32") for position, g in enumerate(grads)])
+    with horovod_sparse.create("topk", density=0.1).make_sparsifier(layout.n, comm) as reference:
+        for _ in range(3):
+            grads = [g * 1.5 for g in grads]  # new gradients each step, same dtypes and layouts
+            grads[1] = grads[1].t().contiguous().t()
+            summed = reference.step(layout.fuse([g.float().numpy() for g in grads]), tag=layout.tag)
+            expected = [part.to(dtype) for part in
+                        layout.split(torch.from_numpy(summed) * (1.0 / hvd.size()))]
+            results = exchange(compressor, grads)
+            for grad, result, want in zip(grads, results, expected):
+                assert result.dtype == dtype and result.shape == grad.shape
+                assert torch.equal(result, want)
+            assert not grads[1].is_contiguous()
 
 
 def test_sum_op_is_world_size_times_average():

@@ -5,7 +5,7 @@ from mpi4py import MPI
 
 import horovod_sparse
 from horovod_sparse.sparsify import Sparsifier, StepInfo
-from horovod_sparse.sparsify.rules import TopKRule
+from horovod_sparse.sparsify.selection import TopKRule
 
 SPECS = ["topk", "topk:exchange=oktopk", "topk:exchange=gtopk", "topk:exchange=dsa", "oktopk",
          "oktopk:warmup_steps=2", "gtopk", "gaussiank", "threshold", "dgc"]
@@ -68,3 +68,27 @@ def test_input_gradient_is_never_modified():
             sparsifier.step(grad)
             sparsifier.step(grad)
     assert np.array_equal(grad, np.arange(100, dtype=np.float32))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_pieces_step_like_their_fused_buffer(spec):
+    """step(list of pieces) is step(the pieces concatenated), numpy or torch; wrong totals and
+    shapes are refused before anything changes."""
+    import torch
+    sizes = [400, 7, 593]
+    compressor = horovod_sparse.create(spec)
+    rng = np.random.default_rng(3)
+    with compressor.make_sparsifier(1000, MPI.COMM_SELF) as fused, \
+            compressor.make_sparsifier(1000, MPI.COMM_SELF) as by_numpy, \
+            compressor.make_sparsifier(1000, MPI.COMM_SELF) as by_torch:
+        for _ in range(3):
+            pieces = [rng.standard_normal(size).astype(np.float32) for size in sizes]
+            expected = fused.step(np.concatenate(pieces))
+            assert np.array_equal(by_numpy.step(pieces), expected)
+            assert np.array_equal(by_torch.step([torch.from_numpy(p) for p in pieces]).numpy(), expected)
+        state = by_numpy.state_dict()
+        with pytest.raises(ValueError, match="pieces of 999 elements in all"):
+            by_numpy.step([np.zeros(400, np.float32), np.zeros(599, np.float32)])
+        with pytest.raises(ValueError, match=r"got shape \(2, 5\)"):
+            by_numpy.step([np.zeros((2, 5), np.float32), np.zeros(990, np.float32)])
+        assert by_numpy.state_dict()["step"] == state["step"]
