@@ -48,10 +48,14 @@ if ! $PY -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERS
 fi
 
 # -- 4. this package ---------------------------------------------------------
-# (checked from / so that the checkout itself on sys.path does not count as installed)
-if ! (cd / && "$OLDPWD/$PY" -c "import horovod_sparse") 2>/dev/null; then
+# (checked from / so that the checkout itself on sys.path does not count as installed;
+# setup.py's hash in the stamp reinstalls when its entry points or package data change)
+pkg_stamp=.venv/.pkg-$(sha1sum setup.py | cut -c1-12)
+if [ ! -f "$pkg_stamp" ] || ! (cd / && "$OLDPWD/$PY" -c "import horovod_sparse") 2>/dev/null; then
     log "installing horovod_sparse (editable)"
     $PY -m pip install -q --no-deps --no-build-isolation -e .
+    rm -f .venv/.pkg-*
+    touch "$pkg_stamp"
 fi
 
 # -- check -------------------------------------------------------------------

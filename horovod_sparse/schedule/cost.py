@@ -1,5 +1,6 @@
 """What one exchange of M bytes costs: a fitted line a + b*M, a ring allreduce built from a
-link's bandwidth and latency, or a measured table.
+link's bandwidth and latency, or a measured table; and how much two exchanges at once slow
+each other (the simultaneity factor k2).
 
 Every cost here is a callable ``cost(nbytes) -> seconds``, so the simulator takes any of
 them (or a plain function).
@@ -7,6 +8,9 @@ them (or a plain function).
     >>> line, r2 = CostModel.fit([1e6, 2e6, 4e6], [0.011, 0.021, 0.041])
     >>> round(line.a, 6), round(line.b * 1e9, 3), round(r2, 6)
     (0.001, 10.0, 1.0)
+    >>> k2, r2 = fit_simultaneity([1e6, 4e6], alone=[0.011, 0.041], together=[0.016, 0.061])
+    >>> round(k2, 6)                     # two at once move bytes 1.5x slower than one alone
+    1.5
     >>> ring = RingAllreduce(bandwidth_bps=10e9, latency_s=0.0, workers=4)
     >>> round(ring(100e6), 4)            # 2 * 100 MB * 3/4 * 8 bits / 10 Gbit/s
     0.12
@@ -44,6 +48,28 @@ class CostModel:
         total = float(np.sum((y - y.mean()) ** 2))
         r2 = 1.0 - residual / total if total > 0 else (1.0 if residual <= 1e-30 else 0.0)
         return cls(float(a), float(b)), r2
+
+
+def startup_seconds(cost):
+    """The start-up part of an exchange's cost (latency, overlapped by simultaneous
+    exchanges): ``cost.a`` for a line, else ``cost(0)``."""
+    a = getattr(cost, "a", None)
+    return float(cost(0) if a is None else a)
+
+
+def fit_simultaneity(sizes, alone, together):
+    """The factor k2 of two simultaneous exchanges, from paired measurements: at each size
+    M, ``alone`` = seconds of one exchange of M, ``together`` = seconds until both of two
+    exchanges of M started at once are done. Model: alone = a + b*M, together = a + k2*b*M,
+    so k2 is the ratio of the two fitted slopes. Returns ``(k2, r2 of the together fit)``.
+    k2 = 1: the channels do not interfere; 2: they split the link; between: the paper's
+    ~1.5.
+    """
+    one, _ = CostModel.fit(sizes, alone)
+    two, r2 = CostModel.fit(sizes, together)
+    if not one.b > 0:
+        raise ValueError(f"the exchanges alone must grow with size to fit k2 (fitted b = {one.b})")
+    return two.b / one.b, r2
 
 
 @dataclass(frozen=True)

@@ -2,25 +2,40 @@
 
 Gradients become ready during backward (``ready[i]`` seconds after backward starts, in
 backward order); a plan groups consecutive gradients into buckets; a bucket is ready
-when its last gradient is; buckets are served first come, first served on ``channels``
-communication channels (one by default: Horovod runs one collective at a time), each
-taking ``cost(bucket bytes)`` seconds.
+when its last gradient is. Buckets run on ``channels`` communication channels (one by
+default: Horovod runs one collective at a time): a bucket pinned to a channel (a plan
+of ``(start, stop, channel)`` triples, as :func:`~horovod_sparse.schedule.asc.asc_plan`
+makes) waits for that channel, in plan order; an unpinned one (``(start, stop)`` pairs)
+is served first come, first served on whichever channel is free first.
 
-Closed forms it reproduces (tests/unit/test_schedule_sim.py):
+The cost of one exchange of M bytes alone is ``cost(M)`` = a start-up ``a`` (the
+:class:`~horovod_sparse.schedule.cost.CostModel`'s ``a``, latency that overlaps freely)
+plus a transfer ``cost(M) - a`` that shares the link: while n exchanges transfer at once,
+each moves at 1 / k(n) of its speed alone, k(n) = n ** log2(k2), where ``simultaneity``
+k2 is the measured factor of two (two exchanges of M at once end at a + k2*b*M; k2 = 1:
+channels do not interfere, k2 = 2: the link is split fairly, k(n) = n).
+
+Closed forms it reproduces (tests/unit/test_schedule_sim.py, test_schedule_planners.py):
 
 * one bucket: ends at ready + a + b*M;
 * buckets all ready at 0 on one channel: end at sum(a + b*M_i);
-* on C >= number of buckets channels: each ends at its ready + its cost.
+* on C >= number of buckets channels with k2 = 1: each ends at its ready + its cost;
+* two buckets of M ready at 0 on two channels: both end at a + k2*b*M.
 
     >>> from horovod_sparse.schedule.cost import CostModel
     >>> s = simulate(ready=[0.5, 1.0], sizes=[10, 10], plan=[(0, 2)], cost=CostModel(1.0, 0.1))
     >>> s.start, s.end, s.step_end, s.overhead           # ready 1.0 + 1 + 0.1 * 20
     ([1.0], [4.0], 4.0, 3.0)
+    >>> two = simulate([0.0, 0.0], [10, 10], [(0, 1, 0), (1, 2, 1)], CostModel(1.0, 0.1),
+    ...                channels=2, simultaneity=1.5)
+    >>> [round(e, 9) for e in two.end]                   # a + 1.5 * b * M
+    [2.5, 2.5]
 """
 import math
 from dataclasses import dataclass, field
 
-from horovod_sparse.schedule.plans import threshold_plan
+from horovod_sparse.schedule.cost import startup_seconds
+from horovod_sparse.schedule.plans import check_plan, threshold_plan
 
 # Ready times come from sums of floats: "ready at the tick" must survive rounding.
 _EPS = 1e-12
@@ -52,8 +67,19 @@ class Schedule:
 
     @property
     def busy(self):
-        """Total seconds spent communicating (sum of the buckets' costs)."""
+        """Total seconds spent communicating (sum of the buckets' costs alone)."""
         return float(sum(self.cost))
+
+    def timeline(self):
+        """One row per bucket, for a timeline plot (a lane per channel).
+
+        >>> from horovod_sparse.schedule.cost import CostModel
+        >>> simulate([0.0], [10], [(0, 1)], CostModel(1.0, 0.1)).timeline()
+        [{'first': 0, 'stop': 1, 'channel': 0, 'ready': 0.0, 'start': 0.0, 'end': 2.0, 'nbytes': 10}]
+        """
+        return [{"first": r[0], "stop": r[1], "channel": c, "ready": rd, "start": s, "end": e, "nbytes": m}
+                for r, c, rd, s, e, m in zip(self.plan, self.channel, self.ready, self.start, self.end,
+                                             self.nbytes)]
 
 
 def ready_times(waits, start=0.0):
@@ -69,40 +95,87 @@ def ready_times(waits, start=0.0):
     return out
 
 
-def _check_plan(plan, count):
-    expected = 0
-    for start, stop in plan:
-        if start != expected or stop <= start:
-            raise ValueError(f"a plan must cover 0..{count} with contiguous non-empty ranges, got {plan}")
-        expected = stop
-    if expected != count:
-        raise ValueError(f"a plan must cover 0..{count} with contiguous non-empty ranges, got {plan}")
+def slowdown(flows, simultaneity):
+    """k(n) = n ** log2(k2): how much slower each of ``flows`` simultaneous transfers moves
+    than one alone (k(1) = 1, k(2) = k2; each doubling multiplies by k2).
+
+    >>> slowdown(2, 1.5), slowdown(4, 2.0), slowdown(1, 1.5)
+    (1.5, 4.0, 1.0)
+    """
+    return float(flows) ** math.log2(simultaneity) if flows > 1 else 1.0
 
 
-def simulate(ready, sizes, plan, cost, channels=1, backward_end=None):
-    """Serve ``plan``'s buckets FIFO (by ready time, then plan order) on ``channels``
-    channels: a bucket starts at max(its ready time, the earliest free channel).
+def simulate(ready, sizes, plan, cost, channels=1, backward_end=None, simultaneity=1.0):
+    """Run ``plan``'s buckets on ``channels`` channels (see the module docstring for the
+    rules) and return a :class:`Schedule`.
 
-    ``ready`` and ``sizes`` are per gradient; ``cost(nbytes)`` gives a bucket's seconds;
-    ``backward_end`` defaults to the last ready time. Returns a :class:`Schedule`.
+    ``ready`` and ``sizes`` are per gradient; ``cost(nbytes)`` gives a bucket's seconds
+    alone; ``backward_end`` defaults to the last ready time; ``simultaneity`` is k2 > 0.
     """
     if len(ready) != len(sizes):
         raise ValueError("ready and sizes must have one entry per gradient")
     if channels < 1:
         raise ValueError(f"channels must be >= 1, got {channels}")
-    _check_plan(plan, len(sizes))
-    b_ready = [max(ready[i] for i in range(a, b)) for a, b in plan]
-    b_bytes = [sum(sizes[a:b]) for a, b in plan]
-    free = [0.0] * channels
-    start, end, chan, costs = [0.0] * len(plan), [0.0] * len(plan), [0] * len(plan), [0.0] * len(plan)
-    for k in sorted(range(len(plan)), key=lambda k: (b_ready[k], k)):
-        c = min(range(channels), key=lambda c: (free[c], c))
-        costs[k] = float(cost(b_bytes[k]))
-        start[k] = max(b_ready[k], free[c])
-        end[k] = free[c] = start[k] + costs[k]
-        chan[k] = c
+    if not simultaneity > 0:
+        raise ValueError(f"simultaneity must be > 0 (k2, measured; 1 to 2 on a shared link), got {simultaneity}")
+    check_plan(plan, len(sizes), channels)
+    ranges = [(b[0], b[1]) for b in plan]
+    pins = [b[2] for b in plan] if plan and len(plan[0]) == 3 else None
+    b_ready = [max(ready[i] for i in range(a, b)) for a, b in ranges]
+    b_bytes = [sum(sizes[a:b]) for a, b in ranges]
+    costs = [float(cost(m)) for m in b_bytes]
+    up = startup_seconds(cost)
+    start, end, chan = _serve(b_ready, [max(0.0, min(up, c)) for c in costs], costs, pins, channels, simultaneity)
     bk_end = max(ready, default=0.0) if backward_end is None else backward_end
-    return Schedule(list(plan), b_bytes, b_ready, start, end, chan, bk_end, costs)
+    return Schedule(ranges, b_bytes, b_ready, start, end, chan, bk_end, costs)
+
+
+def _serve(ready, startup, cost, pins, channels, k2):
+    """The event loop: returns per bucket (start, end, channel). Between two events every
+    running bucket advances either its start-up (at wall-clock speed) or its transfer (at
+    1/k(n) speed, n = buckets transferring); an event is a phase ending or a bucket
+    becoming ready for an idle channel."""
+    n = len(ready)
+    if pins is None:       # one shared FIFO queue, by ready time then plan order
+        shared = sorted(range(n), key=lambda k: (ready[k], k))
+        queues = None
+    else:                  # each channel runs its own buckets in plan order
+        queues = [[k for k in range(n) if pins[k] == c] for c in range(channels)]
+    start, end, chan = [0.0] * n, [0.0] * n, [0] * n
+    running = {}                        # channel -> [bucket, start-up left, transfer left]
+    free_since = [0.0] * channels
+    t, done = 0.0, 0
+
+    def head(c):
+        q = shared if queues is None else queues[c]
+        return q[0] if q else None
+
+    while done < n:
+        for c in sorted((c for c in range(channels) if c not in running), key=lambda c: (free_since[c], c)):
+            k = head(c)
+            if k is not None and ready[k] <= t + _EPS:
+                (shared if queues is None else queues[c]).pop(0)
+                start[k], chan[k] = max(t, ready[k]), c
+                running[c] = [k, startup[k], cost[k] - startup[k]]
+        slow = slowdown(sum(1 for r in running.values() if r[1] <= 0.0), k2)
+        due = {c: t + (r[1] if r[1] > 0.0 else r[2] * slow) for c, r in running.items()}
+        waiting = [ready[k] for k in (head(c) for c in range(channels) if c not in running) if k is not None]
+        t_next = min(list(due.values()) + [w for w in waiting if w > t + _EPS])
+        dt = t_next - t
+        for c, r in list(running.items()):
+            if due[c] <= t_next + _EPS:          # this phase ends now
+                if r[1] > 0.0 and r[2] > 0.0:
+                    r[1] = 0.0
+                    continue
+                end[r[0]], free_since[c] = t_next, t_next
+                del running[c]
+                done += 1
+            elif r[1] > 0.0:
+                r[1] -= dt
+            else:
+                r[2] -= dt / slow
+        t = t_next
+    return start, end, chan
 
 
 def simulate_cycles(ready, sizes, cost, cycle_s, threshold_bytes, backward_end=None):
