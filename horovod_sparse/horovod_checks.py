@@ -1,18 +1,20 @@
-"""Refuse Horovod settings the sparse exchanges cannot honour, instead of being silently wrong.
+"""What a compressor learns from the Horovod code calling it, and the settings it refuses.
 
-Horovod passes a compressor neither the reduction op nor the process set. Sum and
-Average need no check: the frontends send a one-element probe of 1.0 through
-Horovod's allreduce beside each sparse exchange, and the reduced probe (1 for
-Average, P for Sum, the pre/postscale factors included) scales the exchange's sum.
-Adasum and process sets other than the global one are visible only in the caller's
-frame, so they are looked up there (Horovod's optimizers and ``allreduce`` keep
-them in ``self.op`` / ``op`` and ``self.process_set`` / ``process_set``).
+Horovod passes a compressor neither the reduction op, nor the process set, nor the
+gradient's name. Sum and Average need no check: the frontends send a one-element probe
+of 1.0 through Horovod's allreduce beside each sparse exchange, and the reduced probe
+(1 for Average, the set's size for Sum, the pre/postscale factors included) scales the
+exchange's sum. The rest is visible only in the caller's frames, so it is looked up
+there: Horovod's optimizers and ``allreduce`` keep the op in ``self.op`` / ``op``, the
+process set in ``self.process_set`` / ``process_set``, and the gradient's parameter in
+``p`` with its name in ``self._parameter_names`` (``name`` in ``hvd.allreduce``).
 """
 import sys
 
 
-def check_caller(name, adasum_op, adasum_code=None, depth=4):
-    """Raise ValueError if the Horovod code calling compressor ``name`` uses Adasum or a process set.
+def check_caller(name, adasum_op, adasum_code=None, depth=4, process_sets=False):
+    """Raise ValueError if the Horovod code calling compressor ``name`` uses Adasum, or a
+    process set other than the global one unless the frontend supports them (``process_sets``).
 
     ``adasum_op`` is the frontend's ``hvd.Adasum`` constant; ``adasum_code`` the code object
     of a function that only Adasum uses (PyTorch's Adasum optimizer is a class made at run
@@ -29,10 +31,38 @@ def check_caller(name, adasum_op, adasum_code=None, depth=4):
         process_set = local.get("process_set", getattr(owner, "process_set", None))
         if frame.f_code is adasum_code or (op is not None and op == adasum_op):
             raise ValueError(f"{name} cannot run under op=hvd.Adasum: use op=hvd.Average or hvd.Sum")
-        if getattr(process_set, "process_set_id", None) not in (0, None):
+        if not process_sets and getattr(process_set, "process_set_id", None) not in (0, None):
             raise ValueError(f"{name} supports only the global process set, got process set "
                              f"{process_set.process_set_id}")
         frame = frame.f_back
+
+
+def caller_gradient(tensor, depth=3):
+    """``(name, parameter)`` of ``tensor`` as the Horovod code compressing it knows them:
+    ``hvd.DistributedOptimizer``'s parameter name and the parameter, or the ``name=`` given
+    to ``hvd.allreduce`` (parameter None); ``(None, None)`` where no name is visible (a
+    direct ``compress`` call, an unnamed ``hvd.allreduce``). Looks at up to ``depth`` frames
+    above the compressor's ``compress``.
+
+    Example: inside ``opt.step()``, ``caller_gradient(p.grad)`` is ``("fc.weight", p)``.
+    """
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            break
+        local = frame.f_locals
+        parameter = local.get("p")
+        if parameter is not None and (parameter is tensor or local.get("tensor") is tensor
+                                      or getattr(parameter, "grad", None) is tensor):
+            # The grouped path compresses in a comprehension: its optimizer is one frame up.
+            for owner_frame in (frame, frame.f_back):
+                names = getattr((owner_frame.f_locals if owner_frame else {}).get("self"), "_parameter_names", None)
+                if isinstance(names, dict):
+                    return names.get(parameter), parameter
+        if local.get("tensor") is tensor and isinstance(local.get("name"), str):
+            return local["name"], None
+        frame = frame.f_back
+    return None, None
 
 
 def caller_process_set(depth=24):

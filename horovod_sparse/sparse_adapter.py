@@ -33,7 +33,8 @@ class SparseCompressorBase:
         algorithm: the registered compressor (``algorithm.make_sparsifier(n, comm)``).
         dense_below: gradients with fewer elements go dense through Horovod.
         sparsifiers: ``{key: (GradientLayout, pipeline)}``, one per exchanged buffer
-            (PyTorch: one for the whole fused step; TensorFlow: one per gradient or group).
+            (PyTorch: one for the whole fused step, remade when its layout changes;
+            TensorFlow: one per gradient or group).
     """
 
     ops = None  # the frontend's ArrayOps
@@ -87,7 +88,8 @@ class SparseCompressorBase:
         return sparsifier
 
     def scale(self, reduced_probe):
-        """The factor turning a sparsifier's sum into Horovod's result: 1/P (Average) or 1 (Sum)."""
+        """The factor turning a sparsifier's sum into Horovod's result: 1/P (Average) or 1 (Sum),
+        P being the size of ``comm`` (the ranks of the caller's process set)."""
         return float(reduced_probe) / self.comm.Get_size()
 
     # -- checkpointing ----------------------------------------------------------------

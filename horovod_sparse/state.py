@@ -1,13 +1,13 @@
 """Per-tensor state of a stateful compressor, kept in one documented object.
 
 Horovod calls ``compress(tensor)`` without a name, so the frontends identify a
-gradient by its *slot key*: its position in the step's sequence of ``compress``
-calls (PyTorch), or in the traced graph (TensorFlow). That order is the same on
-every rank and in every step for a given model, which is also what Horovod's own
-ordering relies on. A slot remembers its tensor's shape and dtype so that a change
-of order is caught (``ValueError``) rather than feeding one tensor's residual into
-another.
+gradient by its *slot key*: the parameter's name where the calling Horovod code shows
+it (PyTorch, :func:`~horovod_sparse.horovod_checks.caller_gradient`), else its position
+in the step's sequence of ``compress`` calls (PyTorch) or in the traced graph
+(TensorFlow). A slot remembers its tensor's shape and dtype so that a change of order
+is caught (``ValueError``) rather than feeding one tensor's residual into another.
 """
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Hashable, Tuple
 
@@ -56,7 +56,7 @@ class CompressorState:
         if slot is not None and replace and (slot.shape != tuple(shape) or slot.dtype != dtype):
             slot = None
         if slot is None:
-            slot = Slot(key=key, stream=self.slots[key].stream if key in self.slots else len(self.slots),
+            slot = Slot(key=key, stream=self.slots[key].stream if key in self.slots else self._stream(key),
                         shape=tuple(shape), dtype=dtype)
             self.slots[key] = slot
         elif slot.shape != tuple(shape) or slot.dtype != dtype:
@@ -65,6 +65,11 @@ class CompressorState:
                 f"{dtype}{list(shape)}: the order of gradients changed between steps, or one "
                 "compressor instance is shared by two optimizers (use one instance per optimizer)")
         return slot
+
+    def _stream(self, key):
+        # A named slot's stream follows from its name: ranks may create slots in different
+        # orders (Horovod reduces gradients missing from the backward pass in set order).
+        return zlib.crc32(key.encode()) if isinstance(key, str) else len(self.slots)
 
     @property
     def payload_bytes_per_step(self):

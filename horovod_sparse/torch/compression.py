@@ -2,6 +2,7 @@
 from horovod.torch.compression import Compressor as HorovodCompressor
 
 from horovod_sparse.adapter import CompressorAdapter, make_compression_namespace
+from horovod_sparse.horovod_checks import caller_gradient
 from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.torch.fused import TorchOutOfBandCompressor
 
@@ -9,13 +10,26 @@ from horovod_sparse.torch.fused import TorchOutOfBandCompressor
 class TorchCompressor(CompressorAdapter, HorovodCompressor):
     """A real ``horovod.torch.compression.Compressor`` running a horovod_sparse compressor.
 
-    Gradients are identified by their position in the step: ``hvd.DistributedOptimizer``
-    calls ``compress`` for every gradient of a step (in backward order, the same on every
-    rank) before the first ``decompress`` of that step, in ``synchronize()``. So the
-    first ``compress`` after a ``decompress`` starts a new step at position 0.
+    Each gradient's state is keyed by its parameter's name, read from the calling Horovod
+    code (:func:`~horovod_sparse.horovod_checks.caller_gradient`), so the order of
+    ``compress`` calls does not matter: ``hvd.DistributedOptimizer`` reduces the gradients
+    missing from the backward pass in ``synchronize()``, in an order that can differ between
+    steps and ranks. Where no name is visible (a direct ``compress`` call) the key is the
+    gradient's position in the step: every gradient of a step is compressed before the
+    step's first ``decompress``, so the first ``compress`` after a ``decompress`` is position 0.
 
-    Use one instance per optimizer. ``state_dict()``/``load_state_dict()`` save and
-    restore residuals and step counters (see :class:`~horovod_sparse.adapter.CompressorAdapter`).
+    A frozen parameter (``requires_grad`` False, e.g. the first layers while fine-tuning)
+    still reaches Horovod, which reduces its zero gradient: it goes through uncompressed, and
+    its residual is kept, untouched, for when it is unfrozen (it must not leak into a frozen
+    parameter's update).
+
+    Use one instance per optimizer. ``state_dict()``/``load_state_dict()`` save and restore
+    residuals and step counters by key (see :class:`~horovod_sparse.adapter.CompressorAdapter`).
+
+    Example::
+
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=TorchCompressor.from_spec("randomk:density=0.01"))
     """
 
     ops = TorchOps()
@@ -28,8 +42,11 @@ class TorchCompressor(CompressorAdapter, HorovodCompressor):
     def compress(self, tensor):
         if self._step_finished:
             self._position, self._step_finished = 0, False
-        key = self._position
+        name, parameter = caller_gradient(tensor)
+        key = self._position if name is None else name
         self._position += 1
+        if self.algorithm.stateful and parameter is not None and not parameter.requires_grad:
+            return tensor, None  # frozen: Horovod's allreduce as is; decompress passes it through
         return self.compress_slot(tensor, key)
 
     def decompress(self, tensor, ctx):

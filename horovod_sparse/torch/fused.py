@@ -5,28 +5,39 @@
 Horovod calls ``compress`` for every gradient of a step (from the backward hooks and
 ``synchronize()``) before the step's first ``decompress``. So:
 
-1. ``compress`` records the gradient and hands Horovod a one-element probe (its
-   reduced value gives the Average/Sum scale, :mod:`horovod_sparse.sparse_adapter`);
-2. the step's first ``decompress`` runs the pipeline on the recorded gradients, in
-   recording order, as one buffer: a sparsifier gets them as pieces of it (its memory
-   reads them in place: grad + residual in one pass), the other pipelines a copy in one
-   persistent float32 buffer on their device (:class:`FusedBuffer`). One exchange per
-   step, ordered identically on every rank because it is a single call; the layout's
-   signature travels with the exchange, so ranks whose gradients differ fail together
-   with a clear error;
+1. ``compress`` records the gradient under its parameter's name (read from the calling
+   Horovod code; its position in the step where no name is visible) and hands Horovod a
+   one-element probe (its reduced value gives the Average/Sum scale,
+   :mod:`horovod_sparse.sparse_adapter`);
+2. the step's first ``decompress`` runs the pipeline on the recorded gradients, ordered by
+   name (Horovod compresses the gradients missing from the backward pass in
+   ``synchronize()``, in an order that differs between steps and ranks), as one buffer: a
+   sparsifier gets them as pieces of it (its memory reads them in place: grad + residual
+   in one pass), the other pipelines a copy in one persistent float32 buffer on their
+   device (:class:`FusedBuffer`). One exchange per step, on the ranks of the optimizer's
+   process set; the ranks first agree on the layout (one 8-byte Allgather), so ranks
+   whose gradients differ fail together with a clear error;
 3. each ``decompress`` writes its gradient's part of the sum into the gradient tensor
    itself (zeroed, then the summed pairs scattered in for sparsifiers; copied from the
    dense sum for the others), scaled by its probe, and returns it - in place, as
    Horovod's own allreduce does. Only the pipeline's payload ever leaves the device.
+
+A frozen parameter (``requires_grad`` False, as in fine-tuning schedules) leaves the fused
+layout at the step it is frozen on every rank: its residual is kept aside, untouched, and
+restored when it is unfrozen (:mod:`horovod_sparse.regroup`), never drained into a frozen
+parameter. Horovod still reduces its gradient, which it zero-fills: it gets a probe like
+the others (so Horovod's payloads never differ across ranks, whatever a rank froze) and a
+zero result; a non-zero gradient on a frozen parameter is refused on every rank.
 """
 import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor as HorovodCompressor
 from horovod.torch.optimizer import _DistributedAdasumOptimizer
 
-from horovod_sparse.horovod_checks import check_caller
-from horovod_sparse.layout import GradientLayout
+from horovod_sparse.horovod_checks import caller_gradient, caller_process_set, check_caller, communicator_of
+from horovod_sparse.layout import GradientLayout, agree_on_layout
 from horovod_sparse.ops.torch_ops import TorchOps
+from horovod_sparse.regroup import LayoutPipeline
 from horovod_sparse.sparse_adapter import SparseCompressorBase
 
 FUSED_KEY = "fused"
@@ -41,7 +52,14 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
             allreduce unchanged.
 
     The fused buffer is float32 on the gradients' device; results are written back in each
-    gradient's own dtype and device. Use one instance per optimizer.
+    gradient's own dtype and device. Use one instance per optimizer (with ``process_set=``,
+    the exchange runs among that set's ranks). ``state_dict()`` is keyed by parameter name.
+
+    Example::
+
+        compression = TorchOutOfBandCompressor(horovod_sparse.create("topk", density=0.01))
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=compression)
     """
 
     ops = TorchOps()
@@ -50,26 +68,36 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         super().__init__(algorithm, *(() if dense_below is None else (dense_below,)))
         self._position = 0
         self._step_finished = False
-        self._recorded = []    # (position, gradient) of this step, in compress order
+        self._recorded = {}    # key -> gradient, this step
+        self._frozen = {}      # key -> gradient of a frozen parameter, this step
         self._results = None   # the step's StepSum, after its exchange
         self._buffer = FusedBuffer()
         self._caller_checked = False
+        self._pipelines = LayoutPipeline(
+            lambda layout: self.algorithm.make_sparsifier(layout.n, self.comm, layout=layout))
 
     def compress(self, tensor):
         if self._step_finished:
             self._position, self._step_finished = 0, False
-            self._recorded, self._results = [], None
+            self._recorded, self._frozen, self._results = {}, {}, None
         if not self._caller_checked:
-            check_caller(self.algorithm.name, hvd.Adasum, _DistributedAdasumOptimizer._allreduce_grad_async.__code__)
+            check_caller(self.algorithm.name, hvd.Adasum, _DistributedAdasumOptimizer._allreduce_grad_async.__code__,
+                         process_sets=True)
+            self._comm = communicator_of(caller_process_set())
             self._caller_checked = True
-        position = self._position
+        name, parameter = caller_gradient(tensor)
+        key = self._position if name is None else name
         self._position += 1
         if self.goes_dense(tensor):
-            return self.compress_dense(tensor, position)
-        self._recorded.append((position, tensor))
+            return self.compress_dense(tensor, key)
+        if key in self._recorded or key in self._frozen:
+            raise ValueError(f"{self.algorithm.name}: gradient {key!r} was compressed twice in one step "
+                             "(one compressor instance per optimizer, one name per tensor)")
+        frozen = parameter is not None and not parameter.requires_grad
+        (self._frozen if frozen else self._recorded)[key] = tensor
         probe = torch.ones(1, dtype=torch.float32, device=tensor.device)
-        self.record(position, tensor, probe)
-        return probe, ("sparse", position)
+        self.record(key, tensor, probe)
+        return probe, ("sparse", key)
 
     def decompress(self, tensor, ctx):
         self._step_finished = True
@@ -83,11 +111,18 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         return self._results.write(info, self.scale(tensor.item()))
 
     def _exchange(self):
-        """Fuse the recorded gradients and run the step's one exchange."""
-        layout = GradientLayout([(position, tuple(g.shape), self.ops.dtype_name(g))
-                                 for position, g in self._recorded])
-        pipeline = self.sparsifier_for(FUSED_KEY, layout)
-        gradients = [g for _, g in self._recorded]
+        """Fuse the recorded gradients, ordered by key, and run the step's one exchange."""
+        keys = sorted(self._recorded, key=lambda key: (isinstance(key, str), key))
+        gradients = [self._recorded[key] for key in keys]
+        layout = GradientLayout([(key, tuple(g.shape), self.ops.dtype_name(g)) for key, g in zip(keys, gradients)])
+        nonzero_frozen = any(bool(g.any()) for g in self._frozen.values())
+        agree_on_layout(layout, self.comm, self.algorithm.name, refused=nonzero_frozen,  # before any
+                        why="a frozen parameter (requires_grad False) has a non-zero gradient; "  # collective
+                            "frozen parameters are not exchanged: zero their gradients (opt.zero_grad())")
+        if not layout.entries:  # every gradient of the step is frozen: nothing to exchange
+            return StepSum(layout, {}, torch.zeros(0), self._frozen)
+        pipeline = self._pipelines.for_layout(layout)
+        self.sparsifiers = {FUSED_KEY: (layout, pipeline)}
         if hasattr(pipeline, "step_sparse"):
             # A sparsifier's memory reads the gradients where they are (no fused copy).
             summed = pipeline.step_sparse([g.detach().reshape(-1) for g in gradients], tag=layout.tag)
@@ -96,7 +131,21 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
             summed = pipeline.step(flat, tag=layout.tag)
             if not isinstance(summed, torch.Tensor):  # a pipeline that still runs on numpy
                 summed = torch.from_numpy(summed).to(flat.device)
-        return StepSum(layout, dict(self._recorded), summed)
+        return StepSum(layout, self._recorded, summed, self._frozen)
+
+    # -- checkpointing: by gradient key, so that state follows its parameter ------------
+    def state_dict(self):
+        """``{parameter name: {field: its slice of the residual...}}`` plus the fused pipeline's
+        whole-buffer state under ``"(fused)"`` (numpy arrays and ints); each rank saves its own."""
+        return self._pipelines.state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Restore :meth:`state_dict`, now or at the first step; a gradient's state goes back to
+        it by name, whatever the layout then."""
+        self._pipelines.load_state_dict(state_dict)
+
+    def close(self):
+        self._pipelines.close()
 
 
 #: the name it had when only sparsifiers used it
@@ -120,15 +169,16 @@ class FusedBuffer:
 
 
 class StepSum:
-    """The step's sum over ranks, split by gradient: ``write(position, scale)`` puts one
+    """The step's sum over ranks, split by gradient: ``write(key, scale)`` puts one
     gradient's part, times ``scale``, into that gradient and returns it.
 
     summed : ``(indices, values)`` of a sparsifier (sorted int64 indices into the fused
         buffer and their float32 sums) or a dense float32 tensor of length n.
     """
 
-    def __init__(self, layout, gradients, summed):
+    def __init__(self, layout, gradients, summed, frozen=()):
         self.gradients = gradients
+        self.frozen = frozen  # gradients of frozen parameters: zero on every rank (checked)
         self.entries = {entry.key: entry for entry in layout.entries}
         self.sparse = isinstance(summed, tuple)
         if self.sparse:
@@ -142,17 +192,19 @@ class StepSum:
         else:
             self.parts = {e.key: summed[e.offset:e.offset + e.size] for e in layout.entries}
 
-    def write(self, position, scale):
-        g, entry = self.gradients[position], self.entries[position]
+    def write(self, key, scale):
+        if key in self.frozen:
+            return self.frozen[key]
+        g, entry = self.gradients[key], self.entries[key]
         out = g if g.is_contiguous() and not g.requires_grad else torch.empty(
             entry.shape, dtype=g.dtype, device=g.device)
         flat_out = out.view(-1)
         if self.sparse:
-            indices, values = self.parts[position]
+            indices, values = self.parts[key]
             values = values * scale if scale != 1.0 else values
             flat_out.zero_()
             flat_out.index_copy_(0, (indices - entry.offset).to(out.device), values.to(out.device, out.dtype))
         else:
-            part = self.parts[position]
+            part = self.parts[key]
             flat_out.copy_(part * scale if scale != 1.0 else part)
         return out

@@ -83,7 +83,8 @@ def test_sparse_embedding_gradients_reach_decompress_with_no_ctx(assert_identica
         assert embedding.weight.grad.is_sparse
         opt.step()
     assert_identical_across_ranks(torch.cat([embedding.weight.detach().ravel(), head.weight.detach().ravel()]).numpy())
-    assert set(compression.state.slots) == {0, 1}, "only the dense head's weight and bias go through compress"
+    assert set(compression.state.slots) == {"head.weight", "head.bias"}, \
+        "only the dense head's weight and bias go through compress (slots keyed by parameter name)"
 
 
 def test_checkpoint_resume_is_bitwise_identical_to_uninterrupted_run():
