@@ -13,17 +13,29 @@ Each exchange runs in ``tf.numpy_function``. TensorFlow may run independent ops 
 order, but every rank must enter the collectives in the same order, so each exchange
 reads a shared token variable before it runs and increments it after: automatic control
 dependencies then serialise the exchanges (and the ``tf.cond``s holding them) in trace
-order on every rank.
+order on every rank. A plain TF1-style graph has no automatic control dependencies: there
+each exchange takes an input from the previous one's ``tf.cond`` instead
+(:mod:`~horovod_sparse.tensorflow.graph_mode`), and no token variable is made.
+
+Gradients are keyed by their variable's name (:mod:`~horovod_sparse.tensorflow.positions`),
+so each exchange's pipeline, and its residual, belongs to its variable: a step where a
+variable has no gradient or is left out of the list (frozen) skips it, and its pipeline
+waits unchanged for its return. Under ``groups=`` a pipeline belongs to the group as it is
+exchanged (the tuple of its variables' names): when a variable drops out of a group, the
+rest form a new group with a fresh residual, and the full group's pipeline is kept for
+when the full group returns.
 """
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor as HorovodCompressor
 from horovod.tensorflow.mpi_ops import Adasum
 
-from horovod_sparse.horovod_checks import check_caller
+from horovod_sparse.horovod_checks import check_caller, check_same_on_every_rank, communicator_of
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.ops.tf_ops import TFOps
 from horovod_sparse.sparse_adapter import SparseCompressorBase
-from horovod_sparse.tensorflow.positions import TracePositions
+from horovod_sparse.tensorflow.construction import refuse_inside_trace
+from horovod_sparse.tensorflow.graph_mode import GraphExchangeChain, in_graph_mode
+from horovod_sparse.tensorflow.positions import GradientKeys
 
 
 class TFOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
@@ -34,23 +46,37 @@ class TFOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         dense_below: gradients with fewer elements (and non-float ones) go through Horovod's
             allreduce unchanged.
 
-    Gradients are identified as in :class:`~horovod_sparse.tensorflow.TFCompressor` (position
-    in the traced function; ``compress(tensor, name=...)`` when called eagerly). Each set of
-    gradients exchanged together (one gradient, or one Horovod group) has its own sparsifier.
+    Gradients are identified as in :class:`~horovod_sparse.tensorflow.TFCompressor` (variable
+    name under Horovod's gradient allreduce, else position in the traced function;
+    ``compress(tensor, name=...)`` when called eagerly). Each set of gradients exchanged
+    together (one gradient, or one Horovod group) has its own sparsifier. Create it outside
+    the traced step (inside, it raises RuntimeError); at its first ``compress`` every rank
+    checks that all passed the same compressor and parameters (ValueError on every rank).
+
+    Example::
+
+        compression = hvds.Compression.topk(density=0.01)   # TFOutOfBandCompressor
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
     """
 
     ops = TFOps()
 
     def __init__(self, algorithm, dense_below=None):
+        refuse_inside_trace(algorithm)
         super().__init__(algorithm, *(() if dense_below is None else (dense_below,)))
-        self._positions = TracePositions()
-        self._token = None
+        self._keys = GradientKeys()
+        self._agreed = False  # parameters checked across ranks (once, at the first compress)
+        self._token = None   # orders the exchanges inside tf.function
+        self._chain = GraphExchangeChain()  # orders them in a plain (TF1-style) graph
         self._recorded = []  # (key, gradient) compressed but not yet exchanged
         self._results = {}   # key -> (summed gradient tensor, shape, dtype)
 
     def compress(self, tensor, name=None):
         check_caller(self.algorithm.name, Adasum)
-        key = name if name is not None else self._positions.next(self.algorithm)
+        if not self._agreed:
+            self._agree_across_ranks()
+            self._agreed = True
+        key = self._keys.of(tensor, self.algorithm, name)
         if self.goes_dense(tensor):
             return self.compress_dense(tensor, key)
         self._recorded.append((key, tensor))
@@ -68,17 +94,30 @@ class TFOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         scaled = summed * (tensor[0] / tf.cast(self.comm.Get_size(), tf.float32))
         return tf.cast(tf.reshape(scaled, shape), dtype)
 
+    # Trace-time Python (a collective on a private communicator): autograph must not convert it.
+    @tf.autograph.experimental.do_not_convert
+    def _agree_across_ranks(self):
+        """Different parameters or seeds on different ranks would exchange garbage: refuse on every rank."""
+        check_same_on_every_rank(self.algorithm, communicator_of(None))
+
     def _exchange_recorded(self):
         recorded, self._recorded = self._recorded, []
         layout = GradientLayout([(key, self.ops.shape(g), self.ops.dtype_name(g)) for key, g in recorded])
         sparsifier = self.sparsifier_for(tuple(key for key, _ in recorded), layout)
-        token = self._token_variable()
         flat = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for _, g in recorded], axis=0)
-        summed = tf.numpy_function(lambda buffer, _: sparsifier.step(buffer, tag=layout.tag),
-                                   [flat, token.read_value()], tf.float32, stateful=True)
+
+        def exchange(buffer, *_order):
+            return sparsifier.step(buffer, tag=layout.tag)
+
+        if in_graph_mode():  # no automatic control dependencies: chain the tf.conds by hand
+            summed = tf.numpy_function(exchange, [flat, *self._chain.after_previous()], tf.float32, stateful=True)
+            self._chain.traced(summed)
+        else:
+            token = self._token_variable()
+            summed = tf.numpy_function(exchange, [flat, token.read_value()], tf.float32, stateful=True)
+            with tf.control_dependencies([summed]):
+                token.assign_add(1)
         summed.set_shape([layout.n])
-        with tf.control_dependencies([summed]):
-            token.assign_add(1)
         for entry, (key, g) in zip(layout.entries, recorded):
             self._results[key] = (summed[entry.offset:entry.offset + entry.size], entry.shape, g.dtype)
 

@@ -5,35 +5,51 @@ from horovod.tensorflow.compression import Compressor as HorovodCompressor
 from horovod_sparse.adapter import CompressorAdapter, make_compression_namespace
 from horovod_sparse.ops.tf_ops import TFOps
 from horovod_sparse.tensorflow.chained import TFSparseCompressor
-from horovod_sparse.tensorflow.positions import TracePositions
+from horovod_sparse.tensorflow.construction import refuse_inside_trace
+from horovod_sparse.tensorflow.graph_mode import run_state_updates
+from horovod_sparse.tensorflow.positions import GradientKeys
 
 
 class TFCompressor(CompressorAdapter, HorovodCompressor):
     """A real ``horovod.tensorflow.compression.Compressor`` running a horovod_sparse compressor.
 
     Horovod calls TensorFlow compressors while tracing a ``tf.function`` (also from eager
-    code), once per gradient in the gradient list's order. A gradient is identified by
-    its position in that trace (counted in the function being traced, looking through
-    the ``tf.cond`` branches Horovod wraps each allreduce in). Every trace counts from 0,
-    so a retrace (``tf.function`` traces twice when its first trace creates variables,
-    as the residuals are) reuses the same residual variables. Called eagerly, a stateful compressor needs
-    ``compress(tensor, name=...)`` to know which residual is whose.
+    code), once per gradient. Under ``DistributedGradientTape`` and the Keras
+    ``DistributedOptimizer`` a gradient is identified by its variable's name (see
+    :mod:`~horovod_sparse.tensorflow.positions`), so every trace (a retrace, a step with a
+    variable whose gradient is ``None``, a step with frozen variables left out of the list)
+    uses each variable's own residual; a variable that leaves keeps its residual and step
+    for when it returns. Under a plain ``hvd.allreduce(g, compression=...)`` it is the
+    position in the trace (counted from 0 in every trace). Called eagerly, a stateful
+    compressor needs ``compress(tensor, name=...)`` to know which residual is whose.
 
-    Use one instance per optimizer or tape. ``state_dict()``/``load_state_dict()``
-    save and restore residuals and step counters.
+    Use one instance per optimizer or tape, created outside the traced step (a stateful
+    one created inside raises RuntimeError; stateless ones such as ``fp16`` work anywhere,
+    uncalled too). ``state_dict()``/``load_state_dict()`` save and restore residuals and
+    step counters, keyed by variable name.
+
+    Example::
+
+        compression = hvds.Compression.randomk(density=0.01)
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
     """
 
     ops = TFOps()
 
     def __init__(self, algorithm):
+        if algorithm.stateful:
+            refuse_inside_trace(algorithm)
         super().__init__(algorithm)
-        self._positions = TracePositions()
+        self._keys = GradientKeys()
 
     # A walk over Python frames, run once at trace time: autograph must not rewrite its loop.
     agree_across_ranks = tf.autograph.experimental.do_not_convert(CompressorAdapter.agree_across_ranks)
 
     def compress(self, tensor, name=None):
-        return self.compress_slot(tensor, name if name is not None else self._positions.next(self.algorithm))
+        key = self._keys.of(tensor, self.algorithm, name)
+        with run_state_updates() as mark:  # in a TF1-style graph the residual updates must be made to run
+            payload, ctx = self.compress_slot(tensor, key)
+            return mark(payload), ctx
 
 
 Compression = make_compression_namespace(

@@ -1,4 +1,14 @@
-"""How the TensorFlow frontends identify a gradient: its position in the traced function."""
+"""How the TensorFlow frontends identify a gradient: by its variable's name when Horovod's
+gradient allreduce calls the compressor, else by its position in the traced function.
+
+Horovod's ``compress(tensor)`` carries no name. ``DistributedGradientTape`` and the Keras
+``DistributedOptimizer`` both reduce through one inner function, ``allreduce_grads(grads,
+vars)``, whose frame holds the gradient list beside its variables: the gradient passed to
+``compress`` is found there by identity, and its variable's name is the key. A name stays
+with its variable when another variable has no gradient (Horovod skips ``None``) or leaves
+the list (frozen), so residuals never move to another variable; positions would shift.
+"""
+import sys
 import weakref
 
 import tensorflow as tf
@@ -6,7 +16,7 @@ from tensorflow.python.ops.control_flow_v2_func_graphs import CondBranchFuncGrap
 
 
 class TracePositions:
-    """Positions of ``compress`` calls within each traced function (the gradients' keys)."""
+    """Positions of ``compress`` calls within each traced function (the fallback keys)."""
 
     def __init__(self):
         self._next = weakref.WeakKeyDictionary()  # traced graph -> next position
@@ -27,3 +37,50 @@ class TracePositions:
         position = self._next.get(graph, 0)
         self._next[graph] = position + 1
         return position
+
+
+class GradientKeys:
+    """A gradient's key: ``name`` if given, its variable's name under Horovod's gradient
+    allreduce, else its trace position (plain ``hvd.allreduce(g, compression=...)``).
+
+    Example::
+
+        keys = GradientKeys()
+        key = keys.of(tensor, algorithm)   # "dense/kernel:0" under DistributedGradientTape
+    """
+
+    def __init__(self):
+        self._positions = TracePositions()
+
+    # Frame walks, run at trace time: autograph must not rewrite their loops (nor add frames).
+    @tf.autograph.experimental.do_not_convert
+    def of(self, tensor, algorithm, name=None):
+        if name is not None:
+            return name
+        variable_name = horovod_variable_name(tensor)
+        return variable_name if variable_name is not None else self._positions.next(algorithm)
+
+
+@tf.autograph.experimental.do_not_convert
+def horovod_variable_name(tensor, depth=40):
+    """The name of the variable whose gradient ``tensor`` is, read from Horovod's
+    ``allreduce_grads(grads, vars)`` frame; None where no such frame holds ``tensor``.
+
+    Two variables of one name in the list (raw ``tf.Variable``s are not uniquified) get
+    ``name#0``, ``name#1`` in list order. ``depth`` leaves room for autograph's frames.
+    """
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        local = frame.f_locals
+        grads, variables = local.get("grads"), local.get("vars")
+        if isinstance(grads, (list, tuple)) and isinstance(variables, (list, tuple)) \
+                and len(grads) == len(variables):
+            for i, grad in enumerate(grads):
+                if grad is tensor:
+                    name = variables[i].name
+                    same = [j for j, v in enumerate(variables) if v.name == name]
+                    return name if len(same) == 1 else f"{name}#{same.index(i)}"
+        frame = frame.f_back
+    return None
