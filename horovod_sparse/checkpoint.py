@@ -14,7 +14,7 @@ Example (PyTorch)::
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                     "compression": state}, path)
     ...
-    checkpoint = torch.load(path) if hvd.rank() == 0 else None         # on resume
+    checkpoint = torch.load(path, weights_only=False) if hvd.rank() == 0 else None  # numpy inside
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     horovod_sparse.checkpoint.scatter_state(
