@@ -112,6 +112,9 @@ def build_parser():
                     help="allreduces overlap backward (default: yes unless the trace is from a CPU)")
     ov.add_argument("--no-overlap", dest="overlap", action="store_false")
     wi.add_argument("--batch-time", type=_positive_float, metavar="SECONDS", help="override t_batch")
+    wi.add_argument("--fwd-bwd", type=_positive_float, metavar="SECONDS",
+                    help="measured forward+backward of your dense training where it runs; scales the "
+                    "profile's compute and codec (ranks sharing a machine)")
     wi.add_argument("--margin", type=_nonnegative_float, default=0.05,
                     help="speed-up over dense a compressor needs to be recommended (default 0.05)")
     wi.add_argument("--plot", metavar="OUT.png", help="scaling factor vs bandwidth per compressor")
@@ -201,7 +204,7 @@ def _table(title, headers, rows, out):
 
 def cmd_whatif(args, parser, out):
     from horovod_sparse.schedule.cost import CostModel
-    from horovod_sparse.whatif import Network, Options, load, recommend, sweep, wire
+    from horovod_sparse.whatif import Network, Options, contention, load, recommend, sweep, wire
     try:
         trace = load(args.trace, batch_time_s=args.batch_time)
     except (ValueError, OSError, KeyError) as e:
@@ -219,7 +222,12 @@ def cmd_whatif(args, parser, out):
             except ValueError as e:
                 parser.error(f"--compressors: {e}")
     rule = args.rule or ("netai" if ratios is not None else "horovod")
-    options = Options(rule=rule, latency=not args.no_latency, codec=not args.no_codec_cost, overlap=args.overlap)
+    try:
+        slow = contention(trace, args.fwd_bwd) if args.fwd_bwd else 1.0
+    except ValueError as e:
+        parser.error(f"--fwd-bwd: {e}")
+    options = Options(rule=rule, latency=not args.no_latency, codec=not args.no_codec_cost,
+                      overlap=args.overlap, compute_scale=slow)
     network = None
     if args.cost is not None:
         p0 = args.cost_workers or args.workers[0]

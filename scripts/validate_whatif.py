@@ -22,17 +22,21 @@ and codec cost on, no overlap on a CPU trace) on P = ``np`` workers, with
   rate and P (all P when none matches): one row gives bandwidth = bytes / time with
   ``--latency``, several are fitted as t = a + b * bytes sent per rank (bandwidth 8 / b, latency
   a / 2(P-1)); ``nominal`` takes the tc rate and ``--latency``;
-* the link as Horovod's allreduce sees it (dense, fp16, randomk): ``--horovod dense`` (default)
-  calibrates it per model, link and P from the measured dense step, as a user would from the
-  training they run today (dense - t_batch = 2(P-1) latency + ring bytes / bandwidth), so the
-  dense rows are in-sample and are left out of the error statistics; ``--horovod engine`` uses
-  the engine's link;
+* the link as Horovod's allreduce sees it (dense, fp16, randomk): ``--horovod engine``
+  (default) the engine's; ``--horovod dense`` calibrates it per model, link and P from the
+  measured dense step (dense - t_batch = 2(P-1) latency + ring bytes / bandwidth). Either way
+  the dense rows feed the prediction (their fwd+bwd sets the contention factor, or their step
+  the link), so they are in-sample and left out of the error statistics;
 * the fused compressors' bytes: the package's own accounting in the record
   (``bytes_sent_per_step``, minus Horovod's share) when present (``--wire measured``), else the
   formulas of horovod_sparse.whatif.wire;
-* codec times as profiled at P = 1 on one thread (each benchmark rank has a core); with
-  ``--contention`` scaled by the record's ``copy_ms`` (both ranks copying at once) over the
-  trace's ``copy_s`` (one process alone), the slowdown of a purely memory-bound pass.
+* compute and codec times as profiled at P = 1 on one thread, times a contention factor
+  (``--contention``): ``dense`` (default) scales all of them by the measured dense step's
+  forward + backward over the profiled one (:func:`horovod_sparse.whatif.model.contention`:
+  what P ranks sharing this machine's cores and memory, and Horovod's per-tensor work in the
+  hooks, cost; a user has it from the dense training they run today); ``copy`` scales the
+  codec only, by the record's ``copy_ms`` (all ranks copying at once) over the trace's
+  ``copy_s``; ``none`` takes the profile as it is.
 
 Printed (and written with ``--md``/``--out``): predicted vs measured per case with the relative
 error, and per (model, np, link) whether the predicted fastest compressor is the measured
@@ -53,7 +57,7 @@ sys.path.insert(0, REPO)
 
 from horovod_sparse.schedule.cost import CostModel  # noqa: E402
 from horovod_sparse.whatif import Network, Options, load, predict, wire  # noqa: E402
-from horovod_sparse.whatif.model import DEFAULT_LATENCY_S  # noqa: E402
+from horovod_sparse.whatif.model import DEFAULT_LATENCY_S, contention  # noqa: E402
 
 TARGET_ERROR, TARGET_PICKS = 0.20, 0.80
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)(i?)(bit|bps)$")
@@ -71,13 +75,15 @@ def parse_args(argv=None):
                    help="scripts/bench_exchange.py results for --calibrate benchmarks")
     p.add_argument("--calibrate", choices=["benchmarks", "nominal"], default="benchmarks",
                    help="link of the fused exchanges (default benchmarks)")
-    p.add_argument("--horovod", choices=["dense", "engine"], default="dense",
-                   help="link of Horovod's allreduce: from the measured dense step (default) or as the engine's")
+    p.add_argument("--horovod", choices=["dense", "engine"], default="engine",
+                   help="link of Horovod's allreduce: as the engine's (default) or from the measured dense step")
     p.add_argument("--latency", type=float, default=DEFAULT_LATENCY_S,
                    help="seconds per message round when not calibrated (default %(default)g)")
     p.add_argument("--rule", default="horovod", choices=["horovod", "netai", "wfbp", "single"])
     p.add_argument("--wire", choices=["measured", "formula"], default="measured")
-    p.add_argument("--contention", action="store_true", help="scale codec times by copy_ms / copy_s")
+    p.add_argument("--contention", choices=["dense", "copy", "none"], default="dense",
+                   help="compute slowdown: from the measured dense fwd+bwd (default), copy_ms / copy_s "
+                   "on the codec only, or none")
     p.add_argument("--tie", type=float, default=0.05,
                    help="a pick within this fraction of the measured fastest counts as near (default 0.05)")
     p.add_argument("--md", help="write the report as markdown here")
@@ -166,7 +172,15 @@ def calibrate(link, np_, args):
     return Network(nominal, args.latency), f"nominal {nominal / 1e9:g} Gbit/s, latency {args.latency * 1e6:g} us"
 
 
-def calibrate_horovod(dense_record, trace, engine, args):
+def compute_scale(dense_record, trace, args):
+    """``Options.compute_scale`` for one model, link and P: the measured dense forward +
+    backward over the profiled one (``--contention dense``), else 1."""
+    if args.contention != "dense" or dense_record is None or not dense_record.get("fwd_bwd_ms"):
+        return 1.0
+    return contention(trace, dense_record["fwd_bwd_ms"] / 1e3, dense_record["compressor"])
+
+
+def calibrate_horovod(dense_record, trace, engine, args, slow=1.0):
     """Horovod's link for one model, link and P, from its measured dense step; None if unusable.
 
     With no overlap (a CPU trace) the dense step is t_batch + codec + one ring of the whole
@@ -175,8 +189,9 @@ def calibrate_horovod(dense_record, trace, engine, args):
     if args.horovod != "dense" or dense_record is None:
         return None
     np_ = int(dense_record["np"])
-    probe = predict(trace, engine, np_, compressor=dense_record["compressor"], options=Options(rule=args.rule))
-    overhead = dense_record["total_ms"] / 1e3 - trace.batch_time_s
+    probe = predict(trace, engine, np_, compressor=dense_record["compressor"],
+                    options=Options(rule=args.rule, compute_scale=slow))
+    overhead = dense_record["total_ms"] / 1e3 - probe.batch_s
     fixed = probe.overhead_s - probe.comm_s + probe.buckets * 2 * (np_ - 1) * engine.latency_s
     wire_s = overhead - fixed
     if np_ < 2 or wire_s <= 0:
@@ -194,22 +209,22 @@ def fused_wire_bytes(record, trace, spec):
     return max(0.0, sent - horovod)
 
 
-def predict_case(record, trace, network, args, horovod_network=None):
+def predict_case(record, trace, network, args, horovod_network=None, slow=1.0):
     spec = record["compressor"]
     scale = 1.0
-    if args.contention and record.get("copy_ms") and trace.copy_s:
+    if args.contention == "copy" and record.get("copy_ms") and trace.copy_s:
         scale = max(1.0, record["copy_ms"] / 1e3 / trace.copy_s)
-    options = Options(rule=args.rule, codec_scale=scale)
+    options = Options(rule=args.rule, compute_scale=slow, codec_scale=scale)
     override = fused_wire_bytes(record, trace, spec) if args.wire == "measured" else None
     return predict(trace, network, int(record["np"]), compressor=spec, options=options, wire_bytes=override,
-                   horovod_network=horovod_network), scale
+                   horovod_network=horovod_network), scale * slow
 
 
 def validate(args):
     cases = measured_cases(args.measured)
     traces = find_traces(args.traces)
     missing = sorted({m for m, *_ in cases} - set(traces))
-    networks, hvd_networks, rows = {}, {}, []
+    networks, hvd_networks, slowdowns, rows = {}, {}, {}, []
     for key, record in cases.items():
         model, np_, link, spec = key
         if model not in traces:
@@ -220,17 +235,20 @@ def validate(args):
         if (model, link, np_) not in hvd_networks:
             dense = next((r for (m, p, lk, c), r in cases.items()
                           if (m, p, lk) == (model, np_, link) and wire.canonical(c) == "none"), None)
-            hvd_networks[(model, link, np_)] = calibrate_horovod(dense, traces[model], engine, args)
-        hvd_net = hvd_networks[(model, link, np_)]
+            slowdowns[(model, link, np_)] = compute_scale(dense, traces[model], args)
+            hvd_networks[(model, link, np_)] = calibrate_horovod(dense, traces[model], engine, args,
+                                                                 slowdowns[(model, link, np_)])
+        hvd_net, slow = hvd_networks[(model, link, np_)], slowdowns[(model, link, np_)]
         try:
-            pred, scale = predict_case(record, traces[model], engine, args, hvd_net)
+            pred, scale = predict_case(record, traces[model], engine, args, hvd_net, slow)
         except ValueError as e:   # a compressor this version does not know
             print(f"skipped {key}: {e}", file=sys.stderr)
             continue
         measured = record["total_ms"]
         rows.append(dict(model=model, np=np_, link=link, compressor=spec, measured_ms=measured,
                          predicted_ms=pred.step_s * 1e3, error=pred.step_s * 1e3 / measured - 1,
-                         in_sample=hvd_net is not None and wire.canonical(spec) == "none",
+                         in_sample=wire.canonical(spec) == "none" and (hvd_net is not None
+                                                                       or args.contention == "dense"),
                          measured_fwd_bwd_ms=record.get("fwd_bwd_ms"), measured_step_ms=record.get("step_ms"),
                          predicted_overhead_ms=pred.overhead_s * 1e3, codec_ms=pred.codec_s * 1e3,
                          comm_ms=pred.comm_s * 1e3, wire_bytes=pred.wire_bytes, codec_scale=scale))
@@ -241,12 +259,14 @@ def validate(args):
     for (model, np_, link), rs in groups.items():
         if len(rs) < 2:
             continue
-        fastest = min(rs, key=lambda r: r["measured_ms"])
+        by_measured = sorted(rs, key=lambda r: r["measured_ms"])
+        fastest, runner_up = by_measured[0], by_measured[1]
         pick = min(rs, key=lambda r: r["predicted_ms"])
         picks.append(dict(model=model, np=np_, link=link, measured_fastest=fastest["compressor"],
                           predicted_fastest=pick["compressor"], hit=pick is fastest,
                           near=pick["measured_ms"] <= fastest["measured_ms"] * (1 + args.tie),
-                          regret=pick["measured_ms"] / fastest["measured_ms"], cases=len(rs)))
+                          regret=pick["measured_ms"] / fastest["measured_ms"], cases=len(rs),
+                          margin=runner_up["measured_ms"] / fastest["measured_ms"] - 1))
     calib = {f"{lk} P={p}": how for (lk, p), (_, how) in networks.items()}
     for (model, lk, p), net in hvd_networks.items():
         if net is not None:
@@ -273,7 +293,7 @@ def summarize(rows, picks):
 def report(rows, picks, calib, missing, args):
     lines = [f"What-if validation: `{args.measured}`; engine link `{args.calibrate}`, Horovod link "
              f"`{args.horovod}`, rule `{args.rule}`, wire `{args.wire}`, contention "
-             f"{'on' if args.contention else 'off'}.", ""]
+             f"`{args.contention}`.", ""]
     for what, how in calib.items():
         lines.append(f"- {what}: {how}")
     if missing:
@@ -285,10 +305,10 @@ def report(rows, picks, calib, missing, args):
         err = f"{r['error']:+.0%}" + (" (in-sample)" if r["in_sample"] else "")
         lines.append(f"| {r['model']} | {r['np']} | {r['link']} | {r['compressor']} | {r['measured_ms']:.1f} | "
                      f"{r['predicted_ms']:.1f} | {err} | {r['codec_ms']:.1f} | {r['comm_ms']:.1f} |")
-    lines += ["", "| model | P | link | measured fastest | predicted fastest | hit | near | measured pick / fastest |",
-              "|---|---:|---|---|---|---|---|---:|"]
+    lines += ["", "| model | P | link | measured fastest | its lead on the runner-up | predicted fastest | hit | near "
+              "| measured pick / fastest |", "|---|---:|---|---|---:|---|---|---|---:|"]
     for p in picks:
-        lines.append(f"| {p['model']} | {p['np']} | {p['link']} | {p['measured_fastest']} | "
+        lines.append(f"| {p['model']} | {p['np']} | {p['link']} | {p['measured_fastest']} | {p['margin']:.0%} | "
                      f"{p['predicted_fastest']} | {'yes' if p['hit'] else 'no'} | {'yes' if p['near'] else 'no'} | "
                      f"{p['regret']:.2f} |")
     lines += ["", "Summary: " + summarize(rows, picks) + "."]
@@ -299,12 +319,12 @@ def sensitivity(args):
     """The summary line under the other calibration choices, for comparison."""
     out = []
     for horovod in ("dense", "engine"):
-        for contention in (False, True):
+        for contention in ("dense", "copy", "none"):
             for wire_source in ("measured", "formula"):
                 alt = argparse.Namespace(**{**vars(args), "horovod": horovod, "contention": contention,
                                             "wire": wire_source})
                 rows, picks, _, _ = validate(alt)
-                out.append(f"- Horovod link `{horovod}`, contention {'on' if contention else 'off'}, wire "
+                out.append(f"- Horovod link `{horovod}`, contention `{contention}`, wire "
                            f"`{wire_source}`: {summarize(rows, picks)}")
     return "\n".join(["", "Sensitivity (engine link `" + args.calibrate + "`):"] + out) + "\n"
 

@@ -21,8 +21,8 @@ Modules: :mod:`.trace` (formats), :mod:`.wire` (bytes per compressor), :mod:`.mo
 simulator) are in :mod:`horovod_sparse.schedule`.
 """
 from horovod_sparse.whatif.advise import Recommendation, recommend, sweep
-from horovod_sparse.whatif.model import RULES, Network, Options, Prediction, predict
+from horovod_sparse.whatif.model import RULES, Network, Options, Prediction, contention, predict
 from horovod_sparse.whatif.trace import CodecCost, Gradient, Trace, load, read_bk_log
 
-__all__ = ["RULES", "Network", "Options", "Prediction", "predict", "sweep", "recommend",
+__all__ = ["RULES", "Network", "Options", "Prediction", "predict", "contention", "sweep", "recommend",
            "Recommendation", "Trace", "Gradient", "CodecCost", "load", "read_bk_log"]

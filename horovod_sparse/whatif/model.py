@@ -17,6 +17,14 @@ during backward, then runs its whole pipeline and its own exchange after backwar
 ``decompress`` time (measured at P = 1, where no bytes move) + rounds x latency + bytes
 sent per rank / bandwidth (:mod:`.wire`).
 
+With ``compute_scale`` c (:func:`contention`: a measured forward + backward over the
+profiled one) every compute time of the profile (forward, backward, update) and every codec
+time is multiplied by c: the slowdown of P ranks sharing one machine's cores and memory,
+which a profile at P = 1 cannot see. A fused compressor also adds what it receives from the
+other ranks into its result: (P-1) payloads for an allgather, 2(P-1)/P of the buffer for a
+reduce-scatter + allgather (:func:`.wire.received_values`), charged at the trace's
+vector-addition rate (a lower bound of decoding; 0 at P = 1, where the profile ran).
+
 Overhead = end of the step's communication and codec work - end of backward without
 any of it; scaling factor = t_batch / (t_batch + overhead); speed-up over dense = step
 time of dense / step time of the compressor. Without overlap (on a CPU, where backward
@@ -93,8 +101,9 @@ class Options:
     """How to predict. ``rule``: bucket rule (one of :data:`RULES`); ``latency``/``codec``:
     include the latency term / the compressor's own cost (False for both reproduces the
     reference); ``overlap``: allreduces may run during backward (None: yes unless the trace
-    is from a CPU); ``reduce``: charge the trace's vector-addition table; ``codec_scale``:
-    multiplies codec times (e.g. memory contention of several ranks on one machine)."""
+    is from a CPU); ``reduce``: charge the trace's vector-addition table; ``compute_scale``:
+    multiplies the profile's compute and codec times (the contention of several ranks on
+    one machine, see :func:`contention`); ``codec_scale``: multiplies codec times on top."""
 
     rule: str = "horovod"
     latency: bool = True
@@ -104,11 +113,16 @@ class Options:
     cycle_s: float = field(default_factory=horovod_cycle_s)
     fusion_bytes: int = field(default_factory=horovod_fusion_bytes)
     channels: int = 1
+    compute_scale: float = 1.0
     codec_scale: float = 1.0
 
     def __post_init__(self):
         if self.rule not in RULES:
             raise ValueError(f"rule must be one of {RULES}, got {self.rule!r}")
+        if not self.compute_scale > 0:
+            raise ValueError(f"compute_scale must be > 0, got {self.compute_scale!r}")
+        if not self.codec_scale >= 0:
+            raise ValueError(f"codec_scale must be >= 0, got {self.codec_scale!r}")
 
 
 @dataclass
@@ -165,6 +179,32 @@ def codec_for(trace, spec):
     return None
 
 
+def contention(trace, fwd_bwd_s, compressor="dense"):
+    """The compute slowdown where the steps run, relative to the profile: a measured
+    forward + backward (e.g. of the dense training a user already runs, at P ranks) over
+    the profiled forward + backward + that compressor's ``compress`` (which runs in the
+    hooks). It carries everything that slows compute there and not in the profile: ranks
+    sharing cores and memory bandwidth, Horovod's per-tensor work in the hooks and its
+    background thread. Use it as ``Options(compute_scale=...)``.
+
+    >>> from horovod_sparse.whatif.trace import Gradient, Trace
+    >>> t = Trace("toy", [Gradient("w", 0.06, 4000)], batch_time_s=0.1, forward_s=0.03, update_s=0.01)
+    >>> round(contention(t, 0.18), 3)    # 0.18 s measured over 0.03 + 0.06 s profiled
+    2.0
+    """
+    if not fwd_bwd_s > 0:
+        raise ValueError(f"fwd_bwd_s must be > 0, got {fwd_bwd_s!r}")
+    if trace.forward_s is not None:
+        profiled = trace.forward_s + trace.backward_s
+    else:
+        profiled = trace.batch_time_s - (trace.update_s or 0.0)
+    found = codec_for(trace, compressor) if compressor else None
+    profiled += found.compress_s if found is not None else 0.0
+    if not profiled > 0:
+        raise ValueError("the trace has no forward + backward time to compare with")
+    return fwd_bwd_s / profiled
+
+
 def _schedule(trace, ready, sizes, cost, options, waits, bk_end):
     if options.rule == "horovod":
         return simulate_cycles(ready, sizes, cost, options.cycle_s, options.fusion_bytes, backward_end=bk_end)
@@ -194,7 +234,8 @@ def predict(trace, network, workers, compressor=None, ratio=None, options=None, 
         raise ValueError(f"ratio must be > 0, got {ratio}")
     grads = trace.gradients
     sizes = [g.nbytes for g in grads]
-    base_waits = [g.wait_s for g in grads]
+    slow = options.compute_scale
+    base_waits = [g.wait_s * slow for g in grads]
     overlap = trace.on_gpu if options.overlap is None else options.overlap
     latency = network.latency_s if options.latency else 0.0
     reduce = TableCost(*zip(*trace.reduce)) if options.reduce and trace.reduce else None
@@ -208,14 +249,14 @@ def predict(trace, network, workers, compressor=None, ratio=None, options=None, 
             cost_info = found
         elif options.codec and compressor not in ("dense", "hvd-none", "none"):
             notes.append("no codec cost in the trace: counted as 0")
-    scale = options.codec_scale if options.codec else 0.0
+    scale = slow * options.codec_scale if options.codec else 0.0
     compress_s, decompress_s = cost_info.compress_s * scale, cost_info.decompress_s * scale
 
     # 1. backward, with compress() in the hooks (shared out by bytes)
     total = float(sum(sizes)) or 1.0
     waits = [w + compress_s * s / total for w, s in zip(base_waits, sizes)]
     ready = ready_times(waits)
-    bk_end = (ready[-1] if ready else 0.0) + trace.tail_s
+    bk_end = (ready[-1] if ready else 0.0) + trace.tail_s * slow
     if not overlap:
         ready = [bk_end] * len(ready)
 
@@ -243,14 +284,16 @@ def predict(trace, network, workers, compressor=None, ratio=None, options=None, 
             if cost_info.wire_ratio is not None:
                 wire_bytes = cost_info.wire_ratio * wire.dense_ring_bytes(4 * n, workers)
         exchange = network.transfer(wire_bytes, rounds if options.latency else 0) if workers > 1 else 0.0
+        if reduce is not None and workers > 1:   # adding the others' contributions grows with P
+            decompress_s += reduce(4.0 * wire.received_values(compressor, n, wire_bytes)) * scale
         end += exchange
         comm += exchange
         sent += wire_bytes
     end += decompress_s
     label = compressor if compressor is not None else f"x{ratio:g}"
     return Prediction(label=label, compressor=compressor, ratio=ratio, workers=workers, gbps=network.gbps,
-                      latency_s=latency, batch_s=trace.batch_time_s, backward_s=trace.backward_s,
-                      overhead_s=max(0.0, end - trace.backward_s), comm_s=comm,
+                      latency_s=latency, batch_s=trace.batch_time_s * slow, backward_s=trace.backward_s * slow,
+                      overhead_s=max(0.0, end - trace.backward_s * slow), comm_s=comm,
                       codec_s=compress_s + decompress_s, wire_bytes=sent, buckets=len(sched.plan), notes=notes)
 
 
@@ -267,5 +310,5 @@ def with_speedups(predictions):
     return predictions
 
 
-__all__ = ["RULES", "Network", "Options", "Prediction", "predict", "with_speedups", "codec_for",
+__all__ = ["RULES", "Network", "Options", "Prediction", "predict", "with_speedups", "codec_for", "contention",
            "horovod_cycle_s", "horovod_fusion_bytes", "DEFAULT_LATENCY_S"]

@@ -186,6 +186,34 @@ def fused_exchange(spec, n, workers, shapes=None, sent_fraction=None):
     return 2.0 * (p - 1) / p * 4 * n, 2 * (p - 1)   # unknown: as much as dense
 
 
+def bytes_per_value(spec, n):
+    """Bytes on the wire per gradient value a fused compressor sends: an index+value pair
+    for the sparsifiers, the code size per element for the quantizers, 4 for PowerSGD's
+    factors, a position and a ``bits``-bit code for FFT."""
+    name, obj = parse(spec)
+    if hasattr(obj, "codec") and hasattr(obj, "method"):
+        try:
+            return obj.codec().nbytes(n) / n
+        except Exception:   # a codec without exact sizes (as fused_exchange)
+            return 4.0
+    if name == "fft":
+        return _index_bytes(n) + obj.bits / 8.0
+    if hasattr(obj, "k_for"):
+        return _index_bytes(n) + 4.0
+    return 4.0
+
+
+def received_values(spec, n, wire_bytes):
+    """Values a rank adds into its result from the other ranks in a fused exchange of
+    ``wire_bytes`` per rank: it receives as much as it sends, so (P-1) payloads for an
+    allgather, 2(P-1)/P of the buffer for a reduce-scatter + allgather.
+
+    >>> received_values("topk:density=0.01", 1_000_000, 240000.0)   # P = 4: (P-1) k
+    30000.0
+    """
+    return wire_bytes / bytes_per_value(spec, n) if n > 0 else 0.0
+
+
 def dense_ring_bytes(nbytes, workers):
     """Bytes a rank sends in a ring allreduce of ``nbytes``: 2(P-1)/P of them."""
     return 0.0 if workers <= 1 else 2.0 * (workers - 1) / workers * nbytes

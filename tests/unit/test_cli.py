@@ -94,6 +94,16 @@ def test_whatif_on_a_json_trace(json_trace, capsys):
     assert "8 workers, 100 Gbit/s: none" in out
 
 
+def test_whatif_scales_compute_by_the_measured_forward_and_backward(json_trace, capsys):
+    argv = ["whatif", json_trace, "--workers", "8", "--bandwidth", "100", "--json"]
+    assert cli.main(argv) == 0
+    alone = {r["compressor"]: r for r in json.loads(capsys.readouterr().out)}
+    assert cli.main(argv + ["--fwd-bwd", "10"]) == 0   # far slower compute than profiled
+    shared = {r["compressor"]: r for r in json.loads(capsys.readouterr().out)}
+    assert all(shared[c]["step_s"] > alone[c]["step_s"] for c in alone)
+    _fails(capsys, argv + ["--fwd-bwd", "0"], "finite number > 0")
+
+
 def test_whatif_with_a_fitted_cost(json_trace, capsys):
     argv = ["whatif", json_trace, "--workers", "4", "--cost", "0.0003", "1.2e-9", "--cost-workers", "4", "--json"]
     assert cli.main(argv) == 0

@@ -169,6 +169,44 @@ def test_bad_inputs():
         Options(rule="fastest")
 
 
+def test_contention_is_the_measured_over_the_profiled_forward_and_backward():
+    t = Trace("toy", [Gradient("w", 0.05, 4000), Gradient("b", 0.01, 400)], 0.1, device="cpu",
+              forward_s=0.03, update_s=0.01, compressors={"dense": CodecCost(0.01, 0.0, "horovod")})
+    assert whatif_model.contention(t, 0.2) == pytest.approx(0.2 / (0.03 + 0.06 + 0.01))
+    assert whatif_model.contention(t, 0.2, compressor=None) == pytest.approx(0.2 / 0.09)
+    with pytest.raises(ValueError, match="fwd_bwd_s must be > 0"):
+        whatif_model.contention(t, 0.0)
+    with pytest.raises(ValueError, match="compute_scale must be > 0"):
+        Options(compute_scale=0)
+    with pytest.raises(ValueError, match="codec_scale must be >= 0"):
+        Options(codec_scale=-1)
+
+
+def test_compute_scale_multiplies_compute_and_codec_not_the_wire():
+    t = _trace(device="cpu", compressors={"topk:density=0.01": CodecCost(0.002, 0.03, "fused"),
+                                          "dense": CodecCost(0.001, 0.001, "horovod")})
+    net = Network.from_gbps(1, 1e-4)
+    for spec in ("topk:density=0.01", "dense"):
+        alone, slow = (predict(t, net, 1, compressor=spec, options=Options(compute_scale=c)) for c in (1.0, 3.0))
+        assert slow.step_s == pytest.approx(3 * alone.step_s)          # P = 1: nothing moves
+        assert slow.scaling == pytest.approx(alone.scaling)
+        one, three = (predict(t, net, 4, compressor=spec, options=Options(compute_scale=c)) for c in (1.0, 3.0))
+        assert three.comm_s == pytest.approx(one.comm_s) and three.wire_bytes == one.wire_bytes
+        assert three.step_s - three.comm_s == pytest.approx(3 * (one.step_s - one.comm_s))
+
+
+def test_adding_the_other_ranks_contributions_grows_with_p():
+    # vector additions cost 1 ns per byte: a fused compressor pays (received values x 4) ns
+    t = _trace(device="cpu", compressors={"topk:density=0.01": CodecCost(0.0, 0.03, "fused")})
+    t.reduce = [[1, 1e-9], [1e9, 1.0]]
+    net = Network.from_gbps(1, 0.0)
+    codec = {p: predict(t, net, p, compressor="topk:density=0.01").codec_s for p in (1, 2, 4, 8)}
+    assert codec[1] == pytest.approx(0.03)                  # the profile's own P
+    k = 3_000_000 // 100
+    for p in (2, 4, 8):                                     # allgather: (P-1) k values
+        assert codec[p] == pytest.approx(0.03 + (p - 1) * k * 4e-9, rel=1e-6)
+
+
 # ------------------------------------------------------------------------- wire
 def test_wire_formulas():
     n, p = 1_000_000, 4
@@ -200,6 +238,22 @@ def test_wire_formulas_match_the_exchange_benchmarks_bytes():
                 assert got == pytest.approx(r["bytes_sent_per_rank_max"], rel=0.05), r["algorithm"]
                 checked += 1
     assert checked
+
+
+def test_received_values_follow_the_exchange():
+    n, p = 1_000_000, 4
+    for spec in ("topk:density=0.01", "qsgd", "qsgd:method=allgather", "powersgd"):
+        sent, _ = wire.fused_exchange(spec, n, p)
+        received = wire.received_values(spec, n, sent)
+        if spec.startswith("topk"):
+            assert received == pytest.approx((p - 1) * 10_000)       # (P-1) k pairs
+        elif spec == "qsgd":
+            assert received == pytest.approx(2 * (p - 1) / p * n)   # reduce-scatter + allgather
+        elif spec == "qsgd:method=allgather":
+            assert received == pytest.approx((p - 1) * n)           # every other rank's code
+        else:
+            assert 0 < received < n
+    assert wire.received_values("topk:density=0.01", 0, 0.0) == 0.0
 
 
 def test_horovod_payloads():
@@ -285,7 +339,8 @@ def test_sweep_adds_dense_for_speedups_without_listing_it():
 
 
 # ------------------------------------------------------- scripts/validate_whatif.py
-def test_validate_script_reads_measured_steps_and_scores_the_picks(tmp_path, capsys):
+@pytest.mark.parametrize("slowdown", [1.0, 2.0])
+def test_validate_script_reads_measured_steps_and_scores_the_picks(tmp_path, capsys, slowdown):
     import importlib.util
     path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "validate_whatif.py")
     spec = importlib.util.spec_from_file_location("validate_whatif", path)
@@ -304,8 +359,10 @@ def test_validate_script_reads_measured_steps_and_scores_the_picks(tmp_path, cap
     measured = tmp_path / "steps.jsonl"
     with open(measured, "w") as f:
         for spec_, factor in (("dense", 1.0), ("hvd-fp16", 1.1), ("topk:density=0.01", 0.9)):
-            p = predict(trace, net, 2, compressor=spec_, options=Options(latency=True))
-            f.write(json.dumps({"model": "toy", "np": 2, "link": "1gbit", "compressor": spec_, "fwd_bwd_ms": 1.0,
+            # the ranks compute `slowdown` x slower than the profile; dense's fwd+bwd says so
+            p = predict(trace, net, 2, compressor=spec_, options=Options(latency=True, compute_scale=slowdown))
+            f.write(json.dumps({"model": "toy", "np": 2, "link": "1gbit", "compressor": spec_,
+                                "fwd_bwd_ms": trace.batch_time_s * slowdown * 1e3,
                                 "step_ms": 1.0, "total_ms": p.step_s * 1e3 * factor, "error": None}) + "\n")
         f.write(json.dumps({"model": "other", "np": 2, "link": "1gbit", "compressor": "dense", "total_ms": 5.0}) + "\n")
     md, out = tmp_path / "v.md", tmp_path / "v.jsonl"
