@@ -12,8 +12,10 @@ Exchange (``method``), for all of them:
 
 * ``"alltoall"`` (default): DeepSpeed 1-bit Adam's compressed allreduce - each rank
   owns 1/P of the buffer, receives everyone's code of it, sums, re-encodes the sum and
-  allgathers it. About 2 (P-1)/P * code size sent per rank, whatever P; the sum is
-  quantized twice (for the error-feedback codecs the owners keep a server residual).
+  allgathers it. About 2 (P-1)/P * code size sent per rank, whatever P; at P >= 3 the
+  sum is quantized twice (for the error-feedback codecs the owners keep a server
+  residual); at P = 2 the ranks allgather their chunk codes and each decodes and sums
+  them in rank order: the same bytes, quantized once.
 * ``"allgather"``: GRACE's allgather - every rank's code goes to every rank, which
   decodes and sums. (P-1) * code size per rank, but quantized once.
 

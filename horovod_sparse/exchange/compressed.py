@@ -25,6 +25,12 @@ exchanges, both over :class:`~.comm.CountingComm` (every byte counted):
   Payload bytes sent per rank, exactly:
   ``sum_{j != rank} nbytes(|chunk j|) + (P - 1) * nbytes(|chunk rank|)``.
 
+  At P = 2 steps 2-4 become one Allgatherv of every rank's chunk codes (the same
+  bytes per rank, nbytes(chunk 0) + nbytes(chunk 1)), and every rank sums the decoded
+  pieces of every chunk in rank order (majority: P * sign(sum), sign(0) = +1): the
+  owners' re-encoding would only add a second rounding and passes, never save bytes.
+  So at P = 2 the sum is quantized once and the server residual stays zero.
+
 * ``"allgather"`` (GRACE's allgather communicator; volume (P-1) * nbytes(n), grows
   with P): every rank encodes its whole vector with seed ``derive_seed(seed, rank)``,
   one Allgatherv, and every rank decodes all P codes and sums them in rank order in
@@ -33,7 +39,8 @@ exchanges, both over :class:`~.comm.CountingComm` (every byte counted):
 
 Passes over the n values per call (alltoall): encode (which also writes ``own``), the
 owner's decoding and summing of 1/P of the buffer P times, the re-encode of 1/P, the
-decoding of the result; nothing of size n leaves the device.
+decoding of the result (P = 2: encode, decode the peer's codes, one add); nothing of
+size n leaves the device.
 
 Before any data moves, one agreement header (:func:`.validation.agree_call`, 80 control
 bytes to each peer) carries n, the method, the codec's identity (a CRC of its repr, the
@@ -207,17 +214,25 @@ class CompressedAllreduce(ClosesOnExit):
         """The code of chunk j in a buffer holding every chunk's code back to back."""
         return codes[self._code_offsets[j]:self._code_offsets[j + 1]]
 
+    def _encode_chunks(self, x, seed, decoded):
+        """1. Every chunk's code, back to back; chunk j's decoded floats go to ``decoded(j)``
+        (a float32 buffer, or None where nobody needs them)."""
+        P, rank, b = self.size, self.rank, self.bounds
+        codes = self._buffer("codes", self._code_offsets[-1], "uint8", x)
+        for j in range(P):
+            self.codec.encode(x[b[j]:b[j + 1]], derive_seed(seed, rank, j), out=self._code(codes, j),
+                              decoded=decoded(j))
+        return codes
+
     def _alltoall(self, x, seed, want_own):
         P, rank, codec, b = self.size, self.rank, self.codec, self.bounds
-        # 1. encode every chunk (and what it decodes to, this rank's contribution)
-        codes = self._buffer("codes", self._code_offsets[-1], "uint8", x)
+        if P == 2:
+            return self._two_ranks(x, seed, want_own)
         own = self._buffer("own", self.n, "float32", x) if want_own else None
         own_chunk = own[b[rank]:b[rank + 1]] if want_own else \
             self._buffer("own_chunk", self.chunk_sizes[rank], "float32", x)
-        for j in range(P):
-            decoded = own_chunk if j == rank else None if own is None else own[b[j]:b[j + 1]]
-            codec.encode(x[b[j]:b[j + 1]], derive_seed(seed, rank, j), out=self._code(codes, j),
-                         decoded=decoded)
+        codes = self._encode_chunks(x, seed, lambda j: own_chunk if j == rank else
+                                    None if own is None else own[b[j]:b[j + 1]])
         mine = self.chunk_nbytes[rank]
         received = tensors.from_host(self._comm.alltoallv(tensors.to_host(codes), self.chunk_nbytes,
                                                           [mine] * P), x)
@@ -238,24 +253,51 @@ class CompressedAllreduce(ClosesOnExit):
             out *= P
         return out, own
 
+    def _two_ranks(self, x, seed, want_own):
+        """The alltoall method at P = 2 (module docstring): one Allgatherv of both ranks' chunk
+        codes; each chunk's sum is decoded straight into the result, plus this rank's own.
+        A majority code's vote of two is computed on the codes (``codec.vote_of_two``): one
+        decode, no sum."""
+        rank, b, codec = self.rank, self.bounds, self.codec
+        vote_of_two = getattr(codec, "vote_of_two", None) if self.majority else None
+        own = self._buffer("own", self.n, "float32", x) if want_own or vote_of_two is None else None
+        codes = self._encode_chunks(x, seed, lambda j: None if own is None else own[b[j]:b[j + 1]])
+        whole = self._code_offsets[-1]
+        gathered = self._comm.allgatherv(tensors.to_host(codes), [whole, whole])
+        peer = tensors.from_host(gathered[(1 - rank) * whole:(2 - rank) * whole], x)  # only the peer's
+        out = tensors.new_empty(self.n, "float32", x)
+        if vote_of_two is not None:
+            voted = vote_of_two(codes, peer, out=self._buffer("voted", whole, "uint8", x))
+            for j in range(2):
+                codec.decode(self._code(voted, j), self.chunk_sizes[j], out=out[b[j]:b[j + 1]])
+            tensors.kernel_view(out)[...] *= 2  # P * sign: exact
+            return out, own
+        for j in range(2):
+            total, mine = out[b[j]:b[j + 1]], own[b[j]:b[j + 1]]
+            codec.decode(self._code(peer, j), self.chunk_sizes[j], out=total)
+            _add_into(total, *((mine, total) if rank == 0 else (total, mine)))  # rank order
+        if self.majority:
+            self._vote(out)
+        return out, own
+
     def _sum_pieces(self, received, own_chunk, like):
         """Decode the P pieces of this rank's chunk (``received``, in rank order) and add them
-        in rank order in float32, from the first; this rank's piece is ``own_chunk`` when given."""
-        count, codec = self.chunk_sizes[self.rank], self.codec
-        nbytes = self.chunk_nbytes[self.rank]
-        total = None
-        for r in range(self.size):
-            reuse = own_chunk is not None and r == self.rank
-            if reuse:
-                piece = own_chunk
-            else:
-                target = self._buffer("total" if total is None else "piece", count, "float32", like)
-                piece = codec.decode(received[r * nbytes:(r + 1) * nbytes], count, out=target)
-            if total is None:
-                total = piece if not reuse or self.size == 1 else \
-                    _copy(self._buffer("total", count, "float32", like), piece)
-            else:
-                total += piece
+        in rank order in float32, from the first; this rank's piece is ``own_chunk``."""
+        count, nbytes = self.chunk_sizes[self.rank], self.chunk_nbytes[self.rank]
+        total = self._buffer("total", count, "float32", like)
+
+        def piece(r, into):
+            if r == self.rank:
+                return own_chunk
+            return self.codec.decode(received[r * nbytes:(r + 1) * nbytes], count, out=into)
+
+        first = piece(0, total)
+        if self.size == 1:
+            return first
+        spare = self._buffer("piece", count, "float32", like)
+        tensors.backend(total).add(first, piece(1, total if first is own_chunk else spare), out=total)
+        for r in range(2, self.size):
+            total += piece(r, spare)
         return total
 
     def _allgather(self, x, seed):
@@ -335,6 +377,13 @@ class CompressedAllreduce(ClosesOnExit):
     def __repr__(self):
         return (f"CompressedAllreduce(n={self.n}, codec={self.codec!r}, method={self.method!r}, "
                 f"server_error_feedback={self.server_error_feedback})")
+
+
+def _add_into(target, first, second):
+    """target = first + second in float32; on the CPU through numpy's views (torch's one-thread
+    add is ~2x slower here), the same IEEE sums."""
+    view = tensors.kernel_view
+    tensors.backend(view(target)).add(view(first), view(second), out=view(target))
 
 
 def _copy(target, source):

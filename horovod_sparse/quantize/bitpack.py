@@ -93,6 +93,9 @@ def pack_into(codes, bits, count, out, scratch):
     if bits in (8, 16):  # already the stream
         out[:nbytes] = codes[:count].view(tensors.dtype_of(codes, "uint8"))[:nbytes]
         return out[:nbytes]
+    if bits == 1 and tensors.numpy_view(codes) is not None:  # numpy's packbits: one vector pass
+        tensors.numpy_view(out)[:nbytes] = np.packbits(tensors.numpy_view(codes)[:count], bitorder="little")
+        return out[:nbytes]
     lib = tensors.backend(codes)
     words = codes.view(tensors.dtype_of(codes, "int64"))
     temp = scratch.get("pack_temp", words.shape[0], "int64", codes)
@@ -124,7 +127,7 @@ def pack_into(codes, bits, count, out, scratch):
     if whole_words is not None:  # 2 or 4 bytes per group: a truncating copy, no byte gather
         whole_words[...] = words[:whole]
     else:
-        out[:whole * bits].reshape(whole, bits)[...] = stream[:whole]
+        _copy_rows(out[:whole * bits].reshape(whole, bits), stream[:whole])
     if nbytes > whole * bits:
         out[whole * bits:nbytes] = stream[whole, :nbytes - whole * bits]
     return out[:nbytes]
@@ -166,7 +169,7 @@ def unpack_into(data, bits, count, codes, scratch):
     if whole_words is not None:  # 2 or 4 bytes per group: one widening copy, masked below
         words[:whole] = whole_words
     else:
-        stream[:whole, :bits] = data[:whole * bits].reshape(whole, bits)
+        _copy_rows(stream[:whole, :bits], data[:whole * bits].reshape(whole, bits))
     if stream.shape[0] > whole:
         stream[whole, :] = 0
         stream[whole, :nbytes - whole * bits] = data[whole * bits:nbytes]
@@ -190,6 +193,20 @@ def unpack_into(data, bits, count, codes, scratch):
         words &= high
         words |= temp
     return codes[:count]
+
+
+def _copy_rows(dst, src):
+    """``dst[...] = src`` for 2-D uint8 arrays of short rows (a group's ``bits`` bytes).
+    numpy copies such an array row by row, a loop per 6 bytes; one strided copy per column
+    of the widest integer dividing the row is ~5x faster. (torch: one kernel anyway.)"""
+    if tensors.is_torch(dst):
+        dst[...] = src
+        return
+    width = dst.shape[1]
+    unit = 4 if width % 4 == 0 else 2 if width % 2 == 0 else 1
+    dst, src = dst.view(f"<i{unit}"), src.view(f"<i{unit}")
+    for k in range(width // unit):
+        dst[:, k] = src[:, k]
 
 
 def _word_view(groups, bits):

@@ -32,6 +32,7 @@ from horovod_sparse.ops import tensors
 
 from .bitpack import code_dtype, pack_into, packed_nbytes, padded_count, unpack_into
 from .codec import ValueCodec, as_bytes, as_values
+from .lookup import decode_small_codes
 from .sums import tree_sum_rows
 from .uniform import random_int16
 
@@ -93,27 +94,20 @@ def _negative_bits(x, scratch):
     return mask.view(tensors.dtype_of(mask, "uint8"))
 
 
-def _signed(bits, count, magnitude, out):
-    """out = magnitude where bit is 0, -magnitude where it is 1 (``magnitude`` a float32
-    scalar or 0-d array): the float's sign bit flipped, exact for every float."""
-    as_int = out.view(tensors.dtype_of(out, "int32"))
-    as_int[...] = bits[:count]
-    as_int <<= 31
-    tensors.backend(out).bitwise_xor(as_int, tensors.int_view(magnitude), out=as_int)
-    return out
+def _pair(when_zero, when_one, like):
+    """float32 [when_zero, when_one] in ``like``'s library and device (0-d arrays or numpy
+    scalars in, their bits kept): the values of a 1-bit code (:mod:`.lookup`)."""
+    pair = tensors.empty(2, "float32", like)
+    pair[0], pair[1] = when_zero, when_one
+    return pair
 
 
-def _select(bits, count, when_zero, when_one, out):
-    """out = when_zero where bit is 0, when_one where it is 1 (0-d float32 arrays), bitwise
-    exactly: the int32 bits of ``when_zero ^ (-bit & (when_zero ^ when_one))``."""
-    lib = tensors.backend(out)
-    as_int = out.view(tensors.dtype_of(out, "int32"))
-    zero_bits, one_bits = tensors.int_view(when_zero), tensors.int_view(when_one)
-    as_int[...] = bits[:count]
-    lib.negative(as_int, out=as_int)
-    lib.bitwise_and(as_int, lib.bitwise_xor(zero_bits, one_bits), out=as_int)
-    lib.bitwise_xor(as_int, zero_bits, out=as_int)
-    return out
+def _signs(magnitude, like):
+    """float32 [magnitude, -magnitude], the second the first with its sign bit flipped
+    (exact for every float, NaN included)."""
+    pair = _pair(magnitude, magnitude, like)
+    tensors.int_view(pair)[1:] ^= -(1 << 31)
+    return pair
 
 
 def _sqrt(values):
@@ -227,15 +221,12 @@ class _StochasticLevels(ValueCodec):
     def nbytes(self, count):
         return 4 * self._buckets(count) + packed_nbytes(count, self.bits)
 
-    @_quiet
-    def encode(self, values, seed=0, out=None, decoded=None):
-        x = as_values(values)
+    def _encode(self, x, seed, out, decoded):
         count, scratch, s = x.shape[0], self.scratch, self.levels
-        out = self._code_buffer(out, count, x)
         if count == 0:
             if self._buckets(0):
                 out[...] = 0
-            return out
+            return
         lib, xp = tensors.backend(x), tensors.namespace(x)
         bucket = self._bucket(count)
         scales = self._scales(x, bucket, scratch)
@@ -249,6 +240,7 @@ class _StochasticLevels(ValueCodec):
         if broken is not None:
             inv[broken] = 0
         steps = self._steps(scales, scratch) if decoded is not None else None
+        lookup = self._lookup_values(steps, count, x) if decoded is not None else None
         # 2. y = x * inv + (h + 65536 s + 32768.5) * 2**-16, codes = trunc(y); block by
         # block, so that the temporaries stay in cache
         packed = out[4 * scales.shape[0]:]
@@ -271,31 +263,44 @@ class _StochasticLevels(ValueCodec):
             else:  # via int32: codes up to 65535 do not fit int16's positive range
                 wide = scratch.get("wide", stop - start, "int32", x)
                 codes[:stop - start] = tensors.cast_into(wide, y)
-            if decoded is not None:
+            if decoded is not None and lookup is None:
                 self._values(codes[:stop - start], steps[first:], bucket, decoded[start:stop])
             pack_into(codes, self.bits, stop - start, packed[start * self.bits // 8:], scratch)
-        return out
+        if lookup is not None:
+            decode_small_codes(packed, self.bits, count, lookup, decoded)
 
-    @_quiet
-    def decode(self, data, count, out=None):
-        data = as_bytes(data)
-        out = self._value_buffer(out, count, data)
+    def _decode(self, data, count, out):
         if count == 0:
-            return out
+            return
         scratch = self.scratch
         scales = _read_floats(data, self._buckets(count), scratch)
         packed = data[4 * scales.shape[0]:]
         steps, bucket = self._steps(scales, scratch), self._bucket(count)
+        lookup = self._lookup_values(steps, count, out)
+        if lookup is not None:
+            decode_small_codes(packed, self.bits, count, lookup, out)
+            return
         for start, stop, first in _blocks(count, bucket, scales.shape[0]):
             codes = scratch.get("codes", padded_count(stop - start), code_dtype(self.bits), data)
             unpack_into(packed[start * self.bits // 8:], self.bits, stop - start, codes, scratch)
             self._values(codes[:stop - start], steps[first:], bucket, out[start:stop])
-        return out
 
     def _steps(self, scales, scratch):
         """S / s per bucket: the value of one level."""
         steps = scratch.get("steps", scales.shape[0], "float32", scales)
         return tensors.backend(scales).divide(scales, _scalar(self.levels, scales), out=steps)
+
+    def _lookup_values(self, steps, count, like):
+        """With one bucket and codes of <= 2 bits (TernGrad): the float32 (code - s) * (S / s)
+        of every code, computed as :meth:`_values` computes them, for a one-pass decode by
+        table (:mod:`.lookup`); else None."""
+        if self.bits > 2 or self._buckets(count) != 1:
+            return None
+        values = tensors.cast_into(self.scratch.get("lookup", 1 << self.bits, "float32", like),
+                                   tensors.arange(1 << self.bits, like))
+        values -= self.levels
+        _per_bucket(tensors.backend(values).multiply, values, steps, 1 << self.bits, values)
+        return values
 
     def _values(self, codes, steps, bucket, out):
         """3. out = (code - s) * (S / s) (codes of whole buckets, or of part of the only bucket)."""
@@ -456,36 +461,41 @@ class SignCodec(ValueCodec):
 
     name = "sign"
     aggregate = "majority"
+    #: float32 header words before the bits
+    header_floats = 0
+    _ONE = np.float32(1)
 
     def nbytes(self, count):
-        return packed_nbytes(count, 1)
+        return 4 * self.header_floats + packed_nbytes(count, 1)
 
-    @_quiet
-    def encode(self, values, seed=0, out=None, decoded=None):
-        x = as_values(values)
+    def _encode(self, x, seed, out, decoded):
         count = x.shape[0]
-        out = self._code_buffer(out, count, x)
         bits = _negative_bits(x, self.scratch)
-        if decoded is not None:
-            self._values(bits, count, decoded)
-        pack_into(bits, 1, count, out, self.scratch)
-        return out
+        header = self._header(x, bits, count)
+        if header is not None:
+            _write_floats(out, header)
+        stream = pack_into(bits, 1, count, out[4 * self.header_floats:], self.scratch)
+        if decoded is not None:  # from the code's own bytes: decode's floats, one pass
+            decode_small_codes(stream, 1, count, self._values(header, x), decoded)
 
-    @_quiet
-    def decode(self, data, count, out=None):
-        data = as_bytes(data)
-        out = self._value_buffer(out, count, data)
-        return self._values(self._bits(data, count), count, out)
+    def _decode(self, data, count, out):
+        k = self.header_floats
+        header = _read_floats(data, k, self.scratch) if k else None
+        decode_small_codes(data[4 * k:], 1, count, self._values(header, out), out)
 
-    def _bits(self, data, count):
-        """The unpacked 0/1 bytes of the first ``count`` values (after the header)."""
-        bits = self.scratch.get("negative", padded_count(count), "uint8", data)
-        return unpack_into(data[self.nbytes(0):], 1, count, bits, self.scratch)
+    def _header(self, x, bits, count):
+        """The header floats (float32 array of ``header_floats``), or None."""
+        return None
 
-    def _values(self, bits, count, out):
-        return _signed(bits, count, self._ONE, out)
+    def vote_of_two(self, first, second, out):
+        """The code of the majority vote of two codes (uint8, same count): negative only where
+        both are (elsewhere the sum of the signs is 0 or 2, and sign(0) = +1), so the bits
+        ANDed. The compressed allreduce's P = 2 vote, without decoding either code."""
+        return tensors.backend(out).bitwise_and(first, second, out=out)
 
-    _ONE = np.float32(1)
+    def _values(self, header, like):
+        """float32 [value of bit 0, value of bit 1] given the header."""
+        return _signs(self._ONE, like)
 
 
 class ScaledSignCodec(SignCodec):
@@ -504,36 +514,20 @@ class ScaledSignCodec(SignCodec):
 
     name = "scaled_sign"
     aggregate = "sum"
+    header_floats = 1
 
-    def nbytes(self, count):
-        return 4 + packed_nbytes(count, 1)
-
-    @_quiet
-    def encode(self, values, seed=0, out=None, decoded=None):
-        x = as_values(values)
-        count, scratch = x.shape[0], self.scratch
-        out = self._code_buffer(out, count, x)
-        magnitudes = scratch.get("magnitudes", max(count, 1), "float32", x)
+    def _header(self, x, bits, count):
+        magnitudes = self.scratch.get("magnitudes", max(count, 1), "float32", x)
         if count:
             tensors.backend(x).abs(x, out=magnitudes)
         else:
             magnitudes[...] = 0
         scale = tree_sum_rows(magnitudes.reshape(1, -1))
         scale /= _scalar(max(count, 1), x)
-        _write_floats(out, scale)
-        bits = _negative_bits(x, scratch)
-        if decoded is not None:
-            _signed(bits, count, scale[0], decoded)
-        pack_into(bits, 1, count, out[4:], scratch)
-        return out
+        return scale
 
-    @_quiet
-    def decode(self, data, count, out=None):
-        data = as_bytes(data)
-        out = self._value_buffer(out, count, data)
-        scale = _read_floats(data, 1, self.scratch)
-        return _signed(self._bits(data, count), count, scale[0], out)
-
+    def _values(self, header, like):
+        return _signs(header[0], like)
 
 
 class OneBitCodec(SignCodec):
@@ -554,16 +548,10 @@ class OneBitCodec(SignCodec):
 
     name = "onebit"
     aggregate = "sum"
+    header_floats = 2
 
-    def nbytes(self, count):
-        return 8 + packed_nbytes(count, 1)
-
-    @_quiet
-    def encode(self, values, seed=0, out=None, decoded=None):
-        x = as_values(values)
-        count, scratch, lib = x.shape[0], self.scratch, tensors.backend(x)
-        out = self._code_buffer(out, count, x)
-        bits = _negative_bits(x, scratch)
+    def _header(self, x, bits, count):
+        lib, scratch = tensors.backend(x), self.scratch
         negatives = tensors.count_nonzero(bits[:count])
         sides = scratch.get("sides", 2 * max(count, 1), "float32", x).reshape(2, -1)
         if count:
@@ -575,15 +563,7 @@ class OneBitCodec(SignCodec):
         means[...] = tree_sum_rows(sides)                           # [sum of max(x, 0), of min(x, 0)]
         means[0] /= _scalar(max(count - negatives, 1), x)
         means[1] /= _scalar(max(negatives, 1), x)
-        _write_floats(out, means)
-        if decoded is not None:
-            _select(bits, count, means[0], means[1], decoded)
-        pack_into(bits, 1, count, out[8:], scratch)
-        return out
+        return means
 
-    @_quiet
-    def decode(self, data, count, out=None):
-        data = as_bytes(data)
-        out = self._value_buffer(out, count, data)
-        means = _read_floats(data, 2, self.scratch)
-        return _select(self._bits(data, count), count, means[0], means[1], out)
+    def _values(self, header, like):
+        return _pair(header[0], header[1], like)

@@ -21,6 +21,8 @@ One hash gives two values, so a vector of n values costs n / 2 hashes. ``x ^= x 
 is one in-place XOR of two int16 views (low half ^= high half), which needs no logical
 shift (torch has none for int32). Words are little-endian int32 (x86, ARM, CUDA).
 """
+import numpy as np
+
 from horovod_sparse.ops import tensors
 
 _MASK64 = (1 << 64) - 1
@@ -50,9 +52,11 @@ def stream_keys(seed):
 def random_int16(count, seed, scratch, like, start=0):
     """``h_start .. h_{start+count-1}`` of the module docstring (``start`` even): int16, in
     ``like``'s library and device, a view of ``scratch`` valid until its next use."""
-    lib = tensors.backend(like)
     k1, k2 = stream_keys(seed)
     words = -(-int(count) // 2)
+    if not tensors.is_torch(like):
+        return _random_int16_numpy(count, words, k1, k2, scratch, start)
+    lib = tensors.backend(like)
     x = scratch.get("random_words", words, "int32", like)
     lib.add(scratch.arange(words, like), _signed32(k1 + int(start) // 2), out=x)  # 2. x = j + k1
     halves = x.view(tensors.dtype_of(x, "int16")).reshape(words, 2)
@@ -64,3 +68,21 @@ def random_int16(count, seed, scratch, like, start=0):
     lib.multiply(x, _M2, out=x)
     low ^= high
     return x.view(tensors.dtype_of(x, "int16"))[:count]      # 3. the halves, in order
+
+
+def _random_int16_numpy(count, words, k1, k2, scratch, start):
+    """numpy's :func:`random_int16`: uint32 words, whose ``>>`` is the logical shift, so
+    ``x ^= x >> 16`` is two contiguous vector passes (not one strided int16 pass)."""
+    like = np.zeros(0, np.float32)
+    x = scratch.get("random_words", words, "int32", like).view(np.uint32)
+    shifted = scratch.get("random_shifted", words, "int32", like).view(np.uint32)
+    np.add(scratch.arange(words, like).view(np.uint32), np.uint32((k1 + int(start) // 2) & 0xFFFFFFFF), out=x)
+    for multiplier, key in ((_M1, k2), (_M2, None)):
+        np.right_shift(x, 16, out=shifted)                   # x ^= x >> 16
+        x ^= shifted
+        np.multiply(x, np.uint32(multiplier & 0xFFFFFFFF), out=x)
+        if key is not None:
+            x ^= np.uint32(key & 0xFFFFFFFF)
+    np.right_shift(x, 16, out=shifted)
+    x ^= shifted
+    return x.view(np.int16)[:count]

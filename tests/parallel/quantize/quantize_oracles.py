@@ -64,6 +64,9 @@ class ExchangeOracle:
                                        for r in range(P)], hi - lo)
             if self.majority:
                 total = vote(total)
+            if P == 2:  # documented: no owners' re-encoding at P = 2 (the sum is quantized once)
+                out.append(total)
+                continue
             if self.server is not None:
                 total = total + self.server[j]
             decoded = codec.roundtrip(total, derive_seed(seed, P + j, j))

@@ -198,13 +198,18 @@ def test_torch_input_gives_the_numpy_result(assert_identical_across_ranks, codec
             assert_identical_across_ranks(got.values.numpy())
             assert got.traffic == expected.traffic
             # only codes crossed: the chunks' codes out and back, the owner's code out and back
+            # (P = 2: every chunk's code out, the peer's codes back)
             whole = sum(on_torch.chunk_nbytes)
             if method == "allgather":
                 crossed = codec.nbytes(n) * (1 + SIZE)
+            elif SIZE == 2:
+                crossed = 2 * whole
             else:
                 crossed = 2 * whole + (SIZE + 1) * on_torch.chunk_nbytes[RANK]
             assert HOST_TRAFFIC.bytes == crossed
         if server:
-            np.testing.assert_array_equal(bits(on_torch.server_residual.numpy()), bits(on_numpy.server_residual))
+            residual = on_torch.server_residual  # at P = 2 never used, so never moved to torch
+            residual = residual.numpy() if isinstance(residual, torch.Tensor) else residual
+            np.testing.assert_array_equal(bits(residual), bits(on_numpy.server_residual))
             for key, value in on_numpy.state_dict().items():
                 np.testing.assert_array_equal(on_torch.state_dict()[key], value)

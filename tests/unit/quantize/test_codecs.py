@@ -373,3 +373,44 @@ def test_bitpack_on_torch_is_the_numpy_stream(bits, count):
     back = torch.empty(padded_count(count), dtype=getattr(torch, code_dtype(bits)))
     unpacked = unpack_into(stream, bits, count, back, Scratch()).numpy().astype(np.int64) & (2 ** bits - 1)
     np.testing.assert_array_equal(unpacked, codes)
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+@pytest.mark.parametrize("count", [0, 3, 8, 1001])
+def test_small_code_lookup_is_the_documented_stream(bits, count):
+    """decode_small_codes reads code i at stream bits [i*bits, (i+1)*bits), LSB first, the same
+    floats with numpy's take and torch's index_select, on numpy arrays and on tensors."""
+    from horovod_sparse.quantize.lookup import decode_small_codes
+    codes = np.random.default_rng(count + bits).integers(0, 2 ** bits, count)
+    stream = pack(codes, bits)
+    values = np.float32([1.5, -0.0, np.nan, -np.inf])[:2 ** bits]
+    expected = values[codes].view(np.uint32)
+    for use_torch in (False, True):
+        out = np.empty(count, np.float32)
+        decode_small_codes(stream, bits, count, values, out, use_torch=use_torch)
+        np.testing.assert_array_equal(out.view(np.uint32), expected)
+    out = torch.empty(count)
+    decode_small_codes(torch.from_numpy(stream), bits, count, torch.from_numpy(values), out)
+    np.testing.assert_array_equal(out.numpy().view(np.uint32), expected)
+
+
+def test_sign_vote_of_two_is_the_code_of_the_vote():
+    """SignCodec.vote_of_two: the code whose decode is sign(a + b) (sign(0) = +1) for signs a, b."""
+    a, b = data(1001, seed=1), data(1001, seed=2)
+    a[::7], b[::11] = 0, -0.0
+    codec = SignCodec()
+    code_a, code_b = codec.encode(a), codec.encode(b)
+    voted = codec.vote_of_two(code_a, code_b, out=np.empty_like(code_a))
+    signs = codec.decode(code_a, a.size) + codec.decode(code_b, b.size)
+    np.testing.assert_array_equal(codec.decode(voted, a.size), np.where(signs >= 0, 1, -1))
+
+
+def test_random_stream_on_torch_is_the_numpy_stream():
+    """The torch path of random_int16 (what a GPU runs; CPU codes compute on numpy views)."""
+    from horovod_sparse.quantize.scratch import Scratch
+    from horovod_sparse.quantize.uniform import random_int16
+    for seed, count, start in ((0, 1001, 0), (2 ** 63 - 1, 500, 400), (987654321, 7, 2)):
+        expected = oracle.random_halves(start + count, seed)[start:]
+        got = random_int16(count, seed, Scratch(), torch.zeros(1), start=start)
+        assert isinstance(got, torch.Tensor)
+        np.testing.assert_array_equal(got.numpy(), expected)
