@@ -34,6 +34,8 @@ class GradientLayout:
             self.entries.append(Entry(key, tuple(shape), dtype, offset, size))
             offset += size
         self.n = offset
+        self.by_key = {e.key: e for e in self.entries}
+        self.starts = [e.offset for e in self.entries] + [offset]  # where each entry starts, then n
         self.tag = zlib.crc32(repr([(e.key, e.shape, e.dtype) for e in self.entries]).encode()) & 0x7FFFFFFF
 
     def __eq__(self, other):

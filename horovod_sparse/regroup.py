@@ -56,7 +56,7 @@ class LayoutPipeline:
     def for_layout(self, layout):
         """The pipeline exchanging ``layout``: the current one, or a new one that takes over
         the state of the gradients it shares with the previous layout."""
-        if self.pipeline is not None and self.layout == layout:
+        if self.pipeline is not None and (self.layout is layout or self.layout == layout):
             return self.pipeline
         saved, self._saved = self._saved, None
         if self.pipeline is not None:

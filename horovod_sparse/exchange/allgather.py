@@ -35,12 +35,12 @@ class Allgather:
 
     def run(self, indices, values):
         counts = self.counts
-        all_indices = self.comm.allgatherv(indices.astype(self.index_dtype), counts)
         if self.codec is None:
-            all_values = self.comm.allgatherv(np.ascontiguousarray(values), counts)
+            all_indices, all_values = self.comm.allgatherv_pairs(indices.astype(self.index_dtype), values, counts)
             summed_indices, summed_values = sum_duplicates([all_indices], [all_values], values.dtype)
             return summed_indices, summed_values, summed_indices
         from horovod_sparse.quantize.codec import derive_seed  # late: quantize may import exchange
+        all_indices = self.comm.allgatherv(indices.astype(self.index_dtype), counts)
         codec, rank = self.codec, self.comm.rank
         mine = codec.encode(values, derive_seed(self.seed, rank, 0))
         byte_counts = [codec.nbytes(c) for c in counts]

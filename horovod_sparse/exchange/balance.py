@@ -70,8 +70,7 @@ def balanced_allgatherv(comm, indices, values, counts, index_dtype, codec=None, 
     my_indices = np.concatenate([pieces[p][0] for p in order]) if order else np.empty(0, index_dtype)
     my_values = np.concatenate([pieces[p][1] for p in order]) if order else np.empty(0, values.dtype)
     balanced_counts = np.diff(target_start)
-    all_indices = comm.allgatherv(my_indices, balanced_counts)
-    all_values = comm.allgatherv(np.ascontiguousarray(my_values), balanced_counts)
+    all_indices, all_values = comm.allgatherv_pairs(my_indices, my_values, balanced_counts)
     return all_indices.astype(np.int64), all_values
 
 

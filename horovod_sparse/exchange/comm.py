@@ -110,6 +110,23 @@ class CountingComm:
                               [recvbuf, (counts, displs)])
         return recvbuf
 
+    def allgatherv_pairs(self, indices, values, counts):
+        """:meth:`allgatherv` of ``indices`` and of ``values`` (same length, ``counts[r]``
+        pairs from rank r) as one Allgatherv of packed (index, value) records: one latency
+        instead of two, the same bytes. Returns (indices, values), contiguous, in rank order.
+
+        Example: ``all_i, all_v = comm.allgatherv_pairs(idx.astype(np.int32), vals, counts)``.
+        """
+        record = np.dtype([("i", indices.dtype), ("v", values.dtype)])  # packed: no padding
+        if sum(int(c) for c in counts) * record.itemsize >= 2 ** 31:  # MPI's int byte displacements
+            return (self.allgatherv(indices, counts),
+                    self.allgatherv(np.ascontiguousarray(values), counts))
+        mine = np.empty(len(indices), dtype=record)
+        mine["i"], mine["v"] = indices, values
+        counts = [int(c) * record.itemsize for c in counts]
+        gathered = self.allgatherv(mine.view(np.uint8), counts).view(record)
+        return np.ascontiguousarray(gathered["i"]), np.ascontiguousarray(gathered["v"])
+
     def alltoall(self, sendbuf, recvbuf, control=False):
         """One equal-size block to every rank (``sendbuf`` holds P blocks in rank order)."""
         peers = self.size - 1

@@ -72,6 +72,7 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         self._frozen = {}      # key -> gradient of a frozen parameter, this step
         self._results = None   # the step's StepSum, after its exchange
         self._buffer = FusedBuffer()
+        self._layout = None    # the last step's layout, reused while the gradients keep it
         self._caller_checked = False
         self._pipelines = LayoutPipeline(
             lambda layout: self.algorithm.make_sparsifier(layout.n, self.comm, layout=layout))
@@ -114,7 +115,10 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         """Fuse the recorded gradients, ordered by key, and run the step's one exchange."""
         keys = sorted(self._recorded, key=lambda key: (isinstance(key, str), key))
         gradients = [self._recorded[key] for key in keys]
-        layout = GradientLayout([(key, tuple(g.shape), self.ops.dtype_name(g)) for key, g in zip(keys, gradients)])
+        items = [(key, tuple(g.shape), self.ops.dtype_name(g)) for key, g in zip(keys, gradients)]
+        if self._layout is None or self._layout[0] != items:  # its offsets and tag are computed once
+            self._layout = (items, GradientLayout(items))
+        layout = self._layout[1]
         nonzero_frozen = any(bool(g.any()) for g in self._frozen.values())
         agree_on_layout(layout, self.comm, self.algorithm.name, refused=nonzero_frozen,  # before any
                         why="a frozen parameter (requires_grad False) has a non-zero gradient; "  # collective
@@ -179,16 +183,19 @@ class StepSum:
     def __init__(self, layout, gradients, summed, frozen=()):
         self.gradients = gradients
         self.frozen = frozen  # gradients of frozen parameters: zero on every rank (checked)
-        self.entries = {entry.key: entry for entry in layout.entries}
+        self.entries = layout.by_key
         self.sparse = isinstance(summed, tuple)
         if self.sparse:
-            indices, values = summed
-            # Where each gradient's pairs start and end: one binary search per gradient.
-            offsets = torch.tensor([e.offset for e in layout.entries] + [layout.n],
-                                   dtype=indices.dtype, device=indices.device)
-            bounds = torch.searchsorted(indices, offsets).tolist()
-            self.parts = {e.key: (indices[bounds[i]:bounds[i + 1]], values[bounds[i]:bounds[i + 1]])
+            indices, self.values = summed
+            # Where each gradient's pairs start and end (one binary search per gradient), and
+            # every index made relative to its gradient in one op over all of them.
+            starts = torch.tensor(layout.starts, dtype=indices.dtype, device=indices.device)
+            ends = torch.searchsorted(indices, starts)
+            local = indices - torch.repeat_interleave(starts[:-1], ends.diff())
+            bounds = ends.tolist()
+            self.parts = {e.key: (local[bounds[i]:bounds[i + 1]], slice(bounds[i], bounds[i + 1]))
                           for i, e in enumerate(layout.entries)}
+            self._scaled = {1.0: self.values}  # scale -> values * scale: once per step, not per gradient
         else:
             self.parts = {e.key: summed[e.offset:e.offset + e.size] for e in layout.entries}
 
@@ -200,10 +207,11 @@ class StepSum:
             entry.shape, dtype=g.dtype, device=g.device)
         flat_out = out.view(-1)
         if self.sparse:
-            indices, values = self.parts[key]
-            values = values * scale if scale != 1.0 else values
+            indices, part = self.parts[key]
+            if scale not in self._scaled:
+                self._scaled[scale] = self.values * scale
             flat_out.zero_()
-            flat_out.index_copy_(0, (indices - entry.offset).to(out.device), values.to(out.device, out.dtype))
+            flat_out.index_copy_(0, indices.to(out.device), self._scaled[scale][part].to(out.device, out.dtype))
         else:
             part = self.parts[key]
             flat_out.copy_(part * scale if scale != 1.0 else part)
