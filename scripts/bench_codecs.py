@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import time
 
@@ -34,11 +33,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from doc_block import replace_block  # noqa: E402  (scripts/, beside this file)
+
 SPECS = ["none", "fp16", "randomk:density=0.01", "topk:density=0.01", "oktopk:density=0.01",
          "gtopk:density=0.01", "gaussiank:density=0.01", "dgc:density=0.01", "threshold:value=2.6",
          "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "fft"]
 COPY = "memory copy"
-BEGIN, END = "<!-- throughput:begin -->", "<!-- throughput:end -->"
 
 
 def parse_args():
@@ -190,15 +190,7 @@ def main():
                                          same_gradient=args.same_gradient, host=platform.node(),
                                          cores=os.cpu_count()), records=records), f, indent=1)
     if args.update_md:
-        with open(args.update_md) as f:
-            text = f.read()
-        section = f"{BEGIN}\n{table}{END}"
-        if BEGIN in text:
-            text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, text, flags=re.S)
-        else:
-            text += "\n## Compress + decompress throughput\n\n" + section + "\n"
-        with open(args.update_md, "w") as f:
-            f.write(text)
+        replace_block(args.update_md, "throughput", table, heading="## Compress + decompress throughput")
 
 
 if __name__ == "__main__":

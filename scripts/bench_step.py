@@ -103,12 +103,13 @@ def link_command(a, link):
 
 
 def run_link(argv, env, timeout):
-    """Run one netem.py job; on timeout SIGTERM it (netem.py then removes its namespaces)."""
+    """Run one netem.py job (one link of bench_step, one schedule of bench_schedule); on timeout
+    SIGTERM it (netem.py then removes its namespaces)."""
     proc = subprocess.Popen(argv, cwd=REPO, env=env)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        print(f"[bench_step] timeout after {timeout:.0f} s, stopping this link", flush=True)
+        print(f"[bench] timeout after {timeout:.0f} s, stopping this job", flush=True)
         proc.send_signal(signal.SIGTERM)
         try:
             return proc.wait(timeout=120)

@@ -25,7 +25,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+from doc_block import replace_block  # noqa: E402
 ALGO_ORDER = ["dense", "allgather", "oktopk", "gtopk", "dsa"]
 ALGO_LABEL = {"dense": "dense (MPI Allreduce)", "allgather": "TopkA (allgather)",
               "oktopk": "Ok-Topk", "gtopk": "gTop-k", "dsa": "TopkDSA"}
@@ -156,17 +156,6 @@ def markdown(recs):
     return "\n".join(out)
 
 
-def update_md(path, text):
-    with open(path) as f:
-        doc = f.read()
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{path}: markers {BEGIN} / {END} not found")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    with open(path, "w") as f:
-        f.write(head + BEGIN + "\n" + text.rstrip() + "\n" + END + tail)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("jsonl", nargs="+", help="bench_exchange.py --out files")
@@ -184,7 +173,7 @@ def main(argv=None):
     print(f"wrote {a.png} ({len(recs)} records)", file=sys.stderr)
     text = markdown(recs)
     if a.update_md:
-        update_md(a.update_md, text)
+        replace_block(a.update_md, "results", text)
         print(f"updated {a.update_md}", file=sys.stderr)
     if a.print_md:
         print(text)

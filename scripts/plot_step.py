@@ -18,7 +18,9 @@ import os
 import re
 from collections import OrderedDict
 
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+from doc_block import markers, replace_block
+
+BEGIN, END = markers("results")
 ORDER = ["dense", "hvd-none", "hvd-fp16", "none", "fp16", "topk", "oktopk", "gtopk", "gaussiank", "dgc",
          "randomk", "threshold", "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
          "powersgd", "fft"]
@@ -111,17 +113,10 @@ def markdown(recs, png=None) -> str:
     return "\n".join(parts)
 
 
-def update_md(path, text, intro="# Step time\n"):
-    """Replace the results section of ``path`` (created with ``intro`` if missing) by ``text``."""
-    doc = open(path).read() if os.path.exists(path) else intro
-    block = f"{BEGIN}\n{text.rstrip()}\n{END}"
-    if BEGIN in doc and END in doc:
-        head, rest = doc.split(BEGIN, 1)
-        doc = head + block + rest.split(END, 1)[1]
-    else:
-        doc = doc.rstrip() + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(doc)
+def update_md(path, text):
+    """Replace the results block of ``path`` by ``text``; a page without one (or no page yet)
+    gets a ``# Step time`` heading and the block appended."""
+    replace_block(path, "results", text, heading="# Step time")
 
 
 def plot(recs, png):

@@ -222,6 +222,17 @@ def build_model(name: str):
 
 
 # ------------------------------------------------------------------------------- run
+def max_over_ranks(comm, values):
+    """Element-wise maximum of ``values`` (numbers, any shape) over the ranks of the mpi4py
+    ``comm``, as a float64 array: a step's time is its slowest rank's."""
+    import numpy as np
+    from mpi4py import MPI
+    a = np.asarray(values, dtype=np.float64)
+    out = np.empty_like(a)
+    comm.Allreduce(a, out, op=MPI.MAX)
+    return out
+
+
 class Bench:
     """One rank's state: Horovod, a private mpi4py communicator, the watchdog."""
 
@@ -241,11 +252,7 @@ class Bench:
             print(text, flush=True)
 
     def max_over_ranks(self, values):
-        import numpy as np
-        a = np.asarray(values, dtype=np.float64)
-        out = np.empty_like(a)
-        self.comm.Allreduce(a, out, op=self.MPI.MAX)
-        return out
+        return max_over_ranks(self.comm, values)
 
     def make_compression(self, spec):
         if is_horovod_spec(spec):
