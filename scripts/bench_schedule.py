@@ -1,0 +1,560 @@
+#!/usr/bin/env python3
+"""Measured validation of the schedule planners and simulator (docs/scheduling.md section 6):
+dense training through the stock ``hvd.DistributedOptimizer`` (``hvd.Compression.none``),
+Horovod's default fusion against one allreduce per planned group (``groups=`` from
+``horovod_groups`` and its environment), predicted by the simulator beside measured.
+
+    python scripts/bench_schedule.py                       # 1gbit and 10gbit at P = 2 (root, for netem)
+    python scripts/bench_schedule.py --links loopback --schedules default wfbp \\
+        --warmup 1 --steps 2 --delay-scale 0.1 --no-doc     # a quick harness check
+    python scripts/bench_schedule.py --cost table --no-doc --out results/schedule-table.jsonl
+                                                           # plans priced by the measured fit points
+    python scripts/bench_schedule.py --report              # only regenerate the doc and the PNG
+
+Per link the driver launches ``scripts/netem.py --rate R -np N -- python
+scripts/bench_schedule.py --worker ...`` several times (``loopback`` is ``--rate none``):
+
+1. ``--worker calibrate``: the ranks measure the model's backward trace (gradient-hook
+   timestamps, ``whatif.profile.measure_backward``; max over ranks) and fit Horovod's
+   allreduce ``a + b*M`` on the link (``hvd.allreduce`` of float32 tensors at geometric
+   sizes, each timed as a train of back-to-back calls, median over repeats of the max
+   over ranks); rank 0 writes both to a JSON file.
+2. ``--worker run --schedule S`` once per schedule, in a fresh job each, because Horovod
+   reads ``HOROVOD_DISABLE_GROUP_FUSION`` and ``HOROVOD_FUSION_THRESHOLD`` at
+   ``hvd.init()``: every rank reads the calibration file and makes the same plan
+   (``make_plan``, deterministic), runs warm-up + timed steps (barrier before each; the
+   step time is the max over ranks of zero_grad + forward + backward + ``opt.step()``,
+   the record the median), and predicts the step: the step without communication
+   (calibration's ``batch_time``) plus the simulator's overhead (``simulate`` for a plan,
+   ``simulate_cycles`` with Horovod 0.28.1's defaults, 1 ms cycle and 128 MiB, for
+   ``default``). At the end the ranks compare a hash of their parameters.
+
+The model: Linear layers of varied sizes whose backward sleeps a fixed time per layer (a
+custom autograd function; ``time.sleep`` releases the GIL, so Horovod's background thread
+communicates meanwhile, as it would during real compute). Records are JSON lines in
+``--out`` (emptied first), copied to ``--data``; ``--report`` regenerates the block
+between ``<!-- schedule:begin -->`` and ``<!-- schedule:end -->`` in ``--md`` and ``--png``.
+Only one-channel schedules are measured: Horovod runs one collective at a time, so ``asc``
+(simultaneous channels) cannot be run through ``groups=``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, "scripts")]  # the package, and doc_block / bench_step beside this file
+
+from horovod_sparse.bench.step import _link, link_bps, max_over_ranks  # noqa: E402  (stdlib only at import)
+from doc_block import markers, replace_block  # noqa: E402
+
+#: What one run measures: Horovod's own fusion, then the one-channel plans.
+SCHEDULES = ("default", "after_backward", "wfbp", "mgwfbp", "optimal")
+#: Horovod 0.28.1's background loop defaults (HOROVOD_CYCLE_TIME 1 ms, fusion 128 MiB), as
+#: horovod_sparse.whatif.model assumes them.
+HOROVOD_CYCLE_S = 0.001
+HOROVOD_FUSION_BYTES = 128 * 1024 * 1024
+#: The model, in forward order: (in, out, backward sleep in ms). Sizes vary (64 KiB biases
+#: to an 8 MiB weight) so the plans differ; at 1 Gbit/s the 15.7 MB of gradients take about
+#: 2x the backward's 60 ms, so overlap matters.
+LAYERS = ((1024, 1024, 10), (1024, 256, 8), (256, 256, 6), (256, 256, 6), (256, 256, 6),
+          (256, 256, 6), (256, 1024, 8), (1024, 2048, 10))
+BATCH = 32
+RANK_ENV = {"OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+MPIRUN_ARGS = "--bind-to none --mca mpi_yield_when_idle 1"
+#: Horovod settings the driver must not pass on: "default" means Horovod's defaults.
+HOROVOD_KNOBS = ("HOROVOD_DISABLE_GROUP_FUSION", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
+DRIVER_ENV = "HSP_BENCH_DRIVER_COMMAND"
+BEGIN, END = markers("schedule")
+
+
+def default_python():
+    venv = os.path.join(REPO, ".venv", "bin", "python")
+    return venv if os.access(venv, os.X_OK) else sys.executable
+
+
+def _positive(text):
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _non_negative(text):
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _scale(text):
+    v = float(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="bench_schedule.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--np", type=_positive, default=2, help="MPI ranks (default 2)")
+    p.add_argument("--links", nargs="+", type=_link, default=["1gbit", "10gbit"],
+                   help="tc rates per rank link, or loopback (default: 1gbit 10gbit)")
+    p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
+                   help="default: all of %(choices)s")
+    p.add_argument("--steps", type=_positive, default=10, help="timed steps per schedule (default 10)")
+    p.add_argument("--warmup", type=_non_negative, default=3, help="warm-up steps (default 3)")
+    p.add_argument("--delay-scale", type=_scale, default=1.0,
+                   help="multiplies every layer's backward sleep (default 1)")
+    p.add_argument("--cost", choices=("line", "table"), default="line",
+                   help="what plans and predictions use: the fitted line a + b*M (default) or the "
+                        "measured fit points, interpolated")
+    p.add_argument("--fit-repeats", type=_positive, default=5, help="allreduces per fitted size (default 5)")
+    p.add_argument("--out", default="results/schedule.jsonl", help="records of this run (emptied first)")
+    p.add_argument("--data", default="docs/data/schedule/dense-p2.jsonl", help="where the records are kept")
+    p.add_argument("--md", default="docs/scheduling.md", help="doc whose schedule block is regenerated")
+    p.add_argument("--png", default="docs/data/schedule/steps.png", help="plot of predicted vs measured")
+    p.add_argument("--report", action="store_true", help="run nothing: regenerate --md and --png from --data")
+    p.add_argument("--no-doc", action="store_true", help="run and keep --out only; leave docs/ alone")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per launched job (default 300)")
+    p.add_argument("--python", default=default_python(), help="python of the ranks (default: .venv's)")
+    # what the driver passes to the rank processes
+    p.add_argument("--worker", choices=("calibrate", "run"), help=argparse.SUPPRESS)
+    p.add_argument("--schedule", choices=SCHEDULES, help=argparse.SUPPRESS)
+    p.add_argument("--link", type=_link, default="loopback", help=argparse.SUPPRESS)
+    p.add_argument("--calib", help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
+    a = p.parse_args(argv)
+    if a.worker == "run" and (a.schedule is None or a.calib is None):
+        p.error("--worker run needs --schedule and --calib")
+    if a.worker == "calibrate" and a.calib is None:
+        p.error("--worker calibrate needs --calib")
+    return a
+
+
+# ------------------------------------------------------------------------- the model
+def build_model(delay_scale):
+    """The Linear stack with sleeping backward; returns (model, loss_fn, make_batch)."""
+    import torch
+    from torch import nn
+
+    class Sleep(torch.autograd.Function):
+        """Identity forward; backward sleeps (the layer's compute, GIL released)."""
+
+        @staticmethod
+        def forward(ctx, x, seconds):
+            ctx.seconds = seconds
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            if ctx.seconds > 0:
+                time.sleep(ctx.seconds)
+            return grad, None
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.ModuleList([nn.Linear(i, o) for i, o, _ in LAYERS])
+            self.delays = [d * delay_scale / 1e3 for _, _, d in LAYERS]
+
+        def forward(self, x):
+            for k, (fc, d) in enumerate(zip(self.fc, self.delays)):
+                x = fc(x)
+                if k < len(self.fc) - 1:
+                    x = torch.relu(x)
+                x = Sleep.apply(x, d)
+            return x
+
+    def make_batch(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randn(BATCH, LAYERS[0][0], generator=gen), torch.randn(BATCH, LAYERS[-1][1], generator=gen)
+
+    return Net(), torch.nn.functional.mse_loss, make_batch
+
+
+def model_desc():
+    return (f"{len(LAYERS)} Linear " + "-".join(str(w) for w in [LAYERS[0][0]] + [o for _, o, _ in LAYERS])
+            + ", backward sleeps " + "/".join(str(d) for _, _, d in LAYERS) + f" ms, batch {BATCH}, MSE")
+
+
+# ------------------------------------------------------------------------ rank side
+class Ranks:
+    """Horovod plus a private mpi4py communicator for barriers and max-over-ranks."""
+
+    def __init__(self):
+        import horovod.torch as hvd
+        hvd.init()
+        from mpi4py import MPI   # after hvd.init(): Horovod initialises MPI (thread multiple)
+        self.hvd = hvd
+        self.comm = MPI.COMM_WORLD.Dup()   # ours alone, beside Horovod's
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def say(self, text):
+        if self.rank == 0:
+            print(text, flush=True)
+
+    def max(self, values):
+        return max_over_ranks(self.comm, values).tolist()
+
+
+def fit_sizes(total_bytes):
+    """Geometric sizes (x4) from 16 KiB to the model's gradient bytes."""
+    sizes, m = [], 16 * 1024
+    while m < total_bytes:
+        sizes.append(m)
+        m *= 4
+    return sizes + [int(total_bytes)]
+
+
+def train_length(nbytes):
+    """Allreduces per fit timing: enough for 8 MiB in all, 2 to 32."""
+    return int(min(32, max(2, -(-8 * 1024 * 1024 // nbytes))))
+
+
+def calibrate(a):
+    """Backward trace and allreduce fit; rank 0 writes them to ``a.calib``."""
+    import torch
+    from horovod_sparse.schedule.cost import CostModel
+    from horovod_sparse.whatif.profile import measure_backward
+    torch.set_num_threads(1)
+    r = Ranks()
+    torch.manual_seed(0)
+    model, loss_fn, make_batch = build_model(a.delay_scale)
+    x, y = make_batch(1 + r.rank)
+    r.comm.Barrier()   # both ranks compute at once, as in training
+    grads, _, timings = measure_backward(model, x, y, loss_fn, "cpu", steps=max(3, a.steps // 2), warmup=2)
+    names = [g.name for g in grads]
+    if len(set(map(tuple, r.comm.allgather(names)))) != 1:
+        raise RuntimeError("the ranks saw different backward orders")
+    waits = r.max([g.wait_s for g in grads])
+    keys = sorted(timings)
+    timings = dict(zip(keys, r.max([timings[k] for k in keys])))
+    sizes = [int(g.nbytes) for g in grads]
+    points = []
+    for m in fit_sizes(sum(sizes)):
+        t = torch.ones(m // 4)
+        # A train of back-to-back allreduces per timing, not one alone: tc's token bucket
+        # (burst 256 kb) lets an isolated small message out at wire speed, which made the
+        # line's intercept negative on 1gbit; in a step the link is busy, so the steady
+        # cost per allreduce is what the planner needs. The burst is amortised over the train.
+        train = train_length(m)
+        times = []
+        for i in range(a.fit_repeats + 1):
+            r.comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(train):
+                r.hvd.allreduce(t, name=f"fit.{m}")
+            times.append((time.perf_counter() - t0) / train)
+        points.append([m, statistics.median(r.max(times[1:]))])
+    line, r2 = CostModel.fit([p[0] for p in points], [p[1] for p in points])
+    r.say(f"[schedule] {a.link}: backward {sum(waits) * 1e3:.1f} ms over {len(names)} gradients "
+          f"({sum(sizes) / 1e6:.1f} MB); allreduce fit a = {line.a * 1e3:.3f} ms, "
+          f"b = {line.b * 1e9:.3f} ns/B ({8 / line.b / 1e9 if line.b > 0 else float('inf'):.2f} Gbit/s "
+          f"effective), R^2 = {r2:.4f}")
+    if r.rank == 0:
+        out = {"link": a.link, "np": r.size, "names": names, "compute_s": waits, "sizes": sizes,
+               **timings, "fit": {"a": line.a, "b": line.b, "r2": r2, "points": points},
+               "delay_scale": a.delay_scale, "model": model_desc()}
+        os.makedirs(os.path.dirname(os.path.abspath(a.calib)), exist_ok=True)
+        with open(a.calib, "w") as f:
+            json.dump(out, f)
+    r.comm.Barrier()
+    return 0
+
+
+def plan_for(schedule, calib, cost_kind="line"):
+    """(plan or None for Horovod's default, cost) from the calibration, the same on every
+    rank. ``cost_kind`` "line": the fitted a + b*M; "table": the fit points interpolated
+    (the line's intercept can come out negative on a token-bucket link, and a planner
+    that believes start-ups are negative never merges)."""
+    from horovod_sparse.schedule.cost import CostModel, TableCost
+    from horovod_sparse.schedule.planner import make_plan
+    if cost_kind == "table":
+        cost = TableCost(*zip(*calib["fit"]["points"]))
+    else:
+        cost = CostModel(calib["fit"]["a"], calib["fit"]["b"])
+    if schedule == "default":
+        return None, cost
+    return make_plan(schedule, calib["compute_s"], calib["sizes"], cost, channels=1), cost
+
+
+def predict(schedule, plan, cost, calib):
+    """Predicted step seconds (the step without communication plus the simulated
+    communication not hidden behind backward) and the simulated buckets."""
+    from horovod_sparse.schedule.simulate import ready_times, simulate, simulate_cycles
+    ready = ready_times(calib["compute_s"])
+    bk_end = ready[-1] + calib["tail_s"]
+    if plan is None:
+        sim = simulate_cycles(ready, calib["sizes"], cost, HOROVOD_CYCLE_S, HOROVOD_FUSION_BYTES, backward_end=bk_end)
+    else:
+        sim = simulate(ready, calib["sizes"], plan, cost, channels=1, backward_end=bk_end)
+    return calib["batch_time_s"] + sim.overhead, sim
+
+
+def run_schedule(a):
+    """One schedule: its env before hvd.init(), warm-up + timed steps, a record (rank 0)."""
+    with open(a.calib) as f:
+        calib = json.load(f)
+    import torch
+    from horovod_sparse.schedule.cost import TableCost
+    from horovod_sparse.schedule.groups import horovod_groups
+    torch.set_num_threads(1)
+    plan, cost = plan_for(a.schedule, calib, a.cost)
+    torch.manual_seed(0)
+    model, loss_fn, make_batch = build_model(a.delay_scale)
+    params = dict(model.named_parameters())
+    groups, env = None, {}
+    if plan is not None:
+        groups, env = horovod_groups(plan, [params[n] for n in calib["names"]], calib["sizes"])
+        os.environ.update(env)   # read by hvd.init(), which comes next
+    r = Ranks()
+    hvd = r.hvd
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    x, y = make_batch(1 + r.rank)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.none, groups=groups)
+    times = []
+    for i in range(a.warmup + a.steps):
+        r.comm.Barrier()   # every step starts together; not timed
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        t1 = time.perf_counter()
+        opt.step()
+        t2 = time.perf_counter()
+        if i >= a.warmup:
+            times.append((t1 - t0, t2 - t0))
+    times = [r.max(t) for t in times]
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    digests = r.comm.allgather(hashlib.blake2b(flat.tobytes(), digest_size=16).hexdigest())
+    predicted_s, sim = predict(a.schedule, plan, cost, calib)
+    # The same plan priced by the measured points themselves (interpolated), to tell the
+    # line's error from the simulator's.
+    table = TableCost(*zip(*calib["fit"]["points"]))
+    table_s, _ = predict(a.schedule, plan, table, calib)
+    measured = statistics.median(t for _, t in times)
+    rec = {
+        "bench": "schedule", "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "link": a.link, "link_bps": link_bps(a.link), "np": r.size, "schedule": a.schedule,
+        "plan": [list(b) for b in (plan if plan is not None else sim.plan)], "buckets": len(sim.plan),
+        "measured_ms": measured * 1e3, "measured_min_ms": min(t for _, t in times) * 1e3,
+        "measured_max_ms": max(t for _, t in times) * 1e3,
+        "fwd_bwd_ms": statistics.median(fb for fb, _ in times) * 1e3,
+        "predicted_ms": predicted_s * 1e3, "error_pct": (predicted_s - measured) / measured * 100,
+        "predicted_overhead_ms": sim.overhead * 1e3, "predicted_table_ms": table_s * 1e3,
+        "error_table_pct": (table_s - measured) / measured * 100, "batch_ms": calib["batch_time_s"] * 1e3,
+        "backward_ms": (sum(calib["compute_s"]) + calib["tail_s"]) * 1e3,
+        "cost_model": a.cost, "fit_a": calib["fit"]["a"], "fit_b": calib["fit"]["b"],
+        "r2": calib["fit"]["r2"], "fit_points": calib["fit"]["points"],
+        "gradients": len(calib["sizes"]), "grad_bytes": sum(calib["sizes"]), "env": env,
+        "replicas_identical": len(set(digests)) == 1, "steps": a.steps, "warmup": a.warmup,
+        "delay_scale": a.delay_scale, "model": calib["model"], "torch": torch.__version__,
+        "horovod": __import__("horovod").__version__,
+        "command": shlex.join(["python", "scripts/bench_schedule.py"] + sys.argv[1:]),
+        "driver_command": os.environ.get(DRIVER_ENV),
+    }
+    r.say(f"[schedule] {a.link} {a.schedule:>14}: {len(sim.plan):2d} buckets, measured {measured * 1e3:7.1f} ms, "
+          f"predicted {predicted_s * 1e3:7.1f} ms ({rec['error_pct']:+.1f}%; measured-table cost "
+          f"{rec['error_table_pct']:+.1f}%), replicas "
+          f"{'identical' if rec['replicas_identical'] else 'DIFFER'}")
+    if r.rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    r.comm.Barrier()
+    return 0
+
+
+# ---------------------------------------------------------------------- driver side
+def worker_command(a, link, *extra):
+    """The netem.py command line of one job on ``link``."""
+    rate = "none" if link == "loopback" else link
+    bench = [a.python, os.path.join("scripts", "bench_schedule.py"), "--link", link,
+             "--steps", str(a.steps), "--warmup", str(a.warmup), "--delay-scale", str(a.delay_scale),
+             "--fit-repeats", str(a.fit_repeats), "--cost", a.cost, "--out", a.out, *extra]
+    # "--mpirun-args=...": with a space argparse would read the value, which starts with "--",
+    # as an option.
+    return [a.python, os.path.join("scripts", "netem.py"), "--rate", rate, "-np", str(a.np),
+            f"--mpirun-args={MPIRUN_ARGS}", "--"] + bench
+
+
+def drive(a, argv):
+    from bench_step import run_link  # one netem job, SIGTERM on timeout
+    cmdline = shlex.join(["python", "scripts/bench_schedule.py"] + (sys.argv[1:] if argv is None else argv))
+    env = {k: v for k, v in os.environ.items() if k not in HOROVOD_KNOBS}
+    env.update(RANK_ENV)
+    env[DRIVER_ENV] = cmdline
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    open(a.out, "w").close()
+    failed, start = [], time.monotonic()
+    for link in a.links:
+        calib = os.path.splitext(a.out)[0] + f".calib-{link}.json"
+        jobs = [("calibrate", worker_command(a, link, "--worker", "calibrate", "--calib", calib))]
+        jobs += [(s, worker_command(a, link, "--worker", "run", "--schedule", s, "--calib", calib))
+                 for s in a.schedules]
+        for what, job in jobs:
+            print(f"[schedule] === {link} {what} ({time.monotonic() - start:.0f} s so far): {shlex.join(job)}",
+                  flush=True)
+            rc = run_link(job, env, a.timeout)
+            if rc != 0:
+                print(f"[schedule] !!! {link} {what} failed (exit {rc})", flush=True)
+                failed.append(f"{link}:{what}")
+                if what == "calibrate":
+                    break   # no trace, no plans
+    print(f"[schedule] done in {time.monotonic() - start:.0f} s" + (f"; failed: {' '.join(failed)}" if failed else ""),
+          flush=True)
+    if not a.no_doc and os.path.getsize(a.out):
+        os.makedirs(os.path.dirname(os.path.abspath(a.data)), exist_ok=True)
+        shutil.copyfile(a.out, a.data)
+        report(a)
+    return 1 if failed else 0
+
+
+# ------------------------------------------------------------------------ the report
+def load(path):
+    """Records of ``path``; a later record of the same (link, schedule) wins."""
+    recs = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                recs[(r["link"], r["schedule"])] = r
+    return list(recs.values())
+
+
+def _plan_text(plan):
+    if len(plan) > 6:
+        return f"{len(plan)} buckets"
+    return " ".join(f"[{b[0]},{b[1]})" for b in plan)
+
+
+def _pct(v):
+    return "" if v is None else f"{v:+.1f}%"
+
+
+def markdown(recs, png):
+    links = list(dict.fromkeys(r["link"] for r in recs))
+    out = [f"Model: {recs[0]['model']}; {recs[0]['gradients']} gradients, "
+           f"{recs[0]['grad_bytes'] / 1e6:.1f} MB; P = {recs[0]['np']}; Horovod {recs[0]['horovod']}, "
+           f"torch {recs[0]['torch']}; {recs[0]['warmup']} warm-up + {recs[0]['steps']} timed steps per "
+           "schedule, each in a fresh job. Step = median over steps of the max over ranks of "
+           "zero_grad + forward + backward + `opt.step()`. Predicted = the step without "
+           "communication (calibration) + the simulated communication not hidden behind backward, "
+           "with the fitted line as the cost (the planners' input); \"error, table cost\" prices the "
+           "same plan with the measured fit points, interpolated (`TableCost`).", "",
+           f"Driver command: `{recs[0].get('driver_command') or 'n/a'}`", "",
+           "| link | a (ms) | b (ns/B) | effective Gbit/s | R^2 | backward (ms) | step without comm (ms) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for link in links:
+        r = next(x for x in recs if x["link"] == link)
+        out.append(f"| {link} | {r['fit_a'] * 1e3:.3f} | {r['fit_b'] * 1e9:.3f} | "
+                   f"{8 / r['fit_b'] / 1e9 if r['fit_b'] > 0 else float('inf'):.2f} | {r['r2']:.4f} | "
+                   f"{r['backward_ms']:.1f} | {r['batch_ms']:.1f} |")
+    out += ["", "Fit points (allreduce of M bytes, measured ms / line ms):", ""]
+    for link in links:
+        r = next(x for x in recs if x["link"] == link)
+        out.append(f"- {link}: " + ", ".join(
+            f"{m / 2 ** 20:.3g} MiB {t * 1e3:.2f}/{(r['fit_a'] + r['fit_b'] * m) * 1e3:.2f}"
+            for m, t in r["fit_points"]))
+    out += ["", "| link | schedule | plan | predicted (ms) | measured (ms) | error | error, table cost | "
+            "vs default | vs wfbp | replicas |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for link in links:
+        rows = sorted((x for x in recs if x["link"] == link), key=lambda x: SCHEDULES.index(x["schedule"]))
+        ref = {x["schedule"]: x["measured_ms"] for x in rows}
+        # default's "plan" is what the simulated fusion cycles formed, not something run
+        for r in rows:
+            vs = lambda k: f"{ref[k] / r['measured_ms']:.2f}x" if k in ref else ""  # noqa: E731
+            plan = ("simulated: " if r["schedule"] == "default" else "") + _plan_text(r["plan"])
+            out.append(f"| {link} | {r['schedule']} | {plan} | {r['predicted_ms']:.1f} | "
+                       f"{r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | {_pct(r.get('error_table_pct'))} | "
+                       f"{vs('default')} | {vs('wfbp')} | "
+                       f"{'identical' if r['replicas_identical'] else 'DIFFER'} |")
+    out += ["", "Targets of issue 10, computed from these records:", ""]
+    worst = max(recs, key=lambda x: abs(x["error_pct"]))
+    out.append(f"- predicted within 15% of measured for every schedule: "
+               f"{'yes' if abs(worst['error_pct']) <= 15 else 'no'} (worst: {worst['link']} "
+               f"{worst['schedule']}, {worst['error_pct']:+.1f}%)")
+    for link in links:
+        ref = {x["schedule"]: x["measured_ms"] for x in recs if x["link"] == link}
+        if "optimal" in ref and "wfbp" in ref:
+            s = ref["wfbp"] / ref["optimal"]
+            target = (f" (target >= 1.15x at 1 Gbit/s: {'met' if s >= 1.15 else 'not met'})"
+                      if link_bps(link) == 1e9 else "")
+            out.append(f"- {link}: `optimal` vs `wfbp` {s:.2f}x{target}")
+        planned = {k: v for k, v in ref.items() if k != "default"}
+        if "default" in ref and planned:
+            best = min(planned, key=planned.get)
+            out.append(f"- {link}: best plan `{best}` {planned[best]:.1f} ms vs Horovod's default "
+                       f"{ref['default']:.1f} ms ({'no slower' if planned[best] <= ref['default'] else 'slower'})")
+    out += ["", f"![predicted vs measured step time per schedule and link]({png})"]
+    return "\n".join(out)
+
+
+def plot(recs, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    links = list(dict.fromkeys(r["link"] for r in recs))
+    fig, axes = plt.subplots(1, len(links), figsize=(5.5 * len(links), 4), squeeze=False)
+    for ax, link in zip(axes[0], links):
+        rows = sorted((x for x in recs if x["link"] == link), key=lambda x: SCHEDULES.index(x["schedule"]))
+        xs = range(len(rows))
+        ax.bar([i - 0.2 for i in xs], [r["measured_ms"] for r in rows], 0.4,
+               label="measured (median; bars: min-max of steps)",
+               yerr=[[r["measured_ms"] - r["measured_min_ms"] for r in rows],
+                     [r["measured_max_ms"] - r["measured_ms"] for r in rows]], capsize=3)
+        ax.bar([i + 0.2 for i in xs], [r["predicted_ms"] for r in rows], 0.4, label="predicted")
+        ax.set_xticks(list(xs), [r["schedule"] for r in rows], rotation=20)
+        ax.set_ylabel("step time (ms)")
+        ax.set_title(f"dense, P = {rows[0]['np']}, {link}")
+        top = max(max(r["measured_max_ms"], r["predicted_ms"]) for r in rows)
+        ax.set_ylim(0, top * 1.3)   # room for the legend above the bars
+        ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def report(a):
+    if not os.path.exists(a.data):
+        print(f"[schedule] no records in {a.data}", flush=True)
+        return 1
+    recs = load(a.data)
+    plot(recs, a.png)
+    png = os.path.relpath(a.png, os.path.dirname(os.path.abspath(a.md)))
+    replace_block(a.md, "schedule", markdown(recs, png))
+    print(f"[schedule] {len(recs)} records from {a.data} -> {a.md}, {a.png}", flush=True)
+    return 0
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    if a.worker == "calibrate":
+        return calibrate(a)
+    if a.worker == "run":
+        return run_schedule(a)
+    os.chdir(REPO)
+    if a.report:
+        return report(a)
+    return drive(a, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
