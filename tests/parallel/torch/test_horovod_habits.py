@@ -62,7 +62,20 @@ def test_stateless_compressors_work_uncalled_like_horovods(assert_identical_acro
         step_once(*ours, step)
         step_once(*theirs, step)
     assert_identical_across_ranks(flat(ours[0]))
-    assert np.array_equal(flat(ours[0]), flat(theirs[0]))  # the same arithmetic as Horovod's fp16
+    # The same arithmetic as Horovod's fp16: identical bytes on and off the wire ...
+    gradient = torch.randn(WIDTH, WIDTH, generator=torch.Generator().manual_seed(hvd.rank()))
+    (wire_ours, ctx_ours), (wire_theirs, ctx_theirs) = (c.compress(gradient.clone()) for c in
+                                                        (hvds.Compression.fp16, hvd.Compression.fp16))
+    assert wire_ours.dtype == wire_theirs.dtype == torch.float16 and torch.equal(wire_ours, wire_theirs)
+    assert torch.equal(hvds.Compression.fp16.decompress(wire_ours, ctx_ours),
+                       hvd.Compression.fp16.decompress(wire_theirs, ctx_theirs))
+    # ... so the same training, bit for bit where the sum's order is fixed (two ranks). At three
+    # or more, Horovod's fusion buffer (its size depends on timing) can change MPI's reduction
+    # order between the two runs, and fp16 sums round differently: equal to fp16 rounding.
+    if hvd.size() == 2:
+        assert np.array_equal(flat(ours[0]), flat(theirs[0]))
+    else:
+        np.testing.assert_allclose(flat(ours[0]), flat(theirs[0]), rtol=0, atol=1e-3)
 
 
 @pytest.mark.parametrize("name, call", [("topk", "topk(density=0.01)"), ("randomk", "randomk(density=0.01)"),
