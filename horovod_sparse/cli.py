@@ -81,6 +81,10 @@ def build_parser():
     pr.add_argument("--repeats", type=_positive_int, default=3, help="timed codec steps (default 3)")
     pr.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
     pr.add_argument("--name", help="model name stored in the trace (default: the factory's)")
+    pr.add_argument("--np", type=_positive_int, metavar="P",
+                    help="profile P ranks at once under mpirun on this machine (what P workers pay "
+                    "here: contention, the fused pipelines at P); the same as running "
+                    "`mpirun -np P horovod-sparse profile ...`")
     pr.add_argument("--quiet", action="store_true", help="no progress output")
 
     wi = sub.add_parser("whatif", help="predict step time and scaling with each compressor",
@@ -144,7 +148,30 @@ def cmd_list(_args, out):
     return 0
 
 
-def cmd_profile(args, parser, out):
+def _relaunch_under_mpirun(np_, argv, parser):
+    """``profile --np P``: the same command on P ranks of this machine (Open MPI's mpirun)."""
+    import shutil
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        parser.error("--np needs mpirun (Open MPI) on the PATH")
+    rest, skip = [], False
+    for arg in argv:   # drop --np P / --np=P
+        if skip:
+            skip = False
+        elif arg == "--np":
+            skip = True
+        elif not arg.startswith("--np="):
+            rest.append(arg)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:   # mpirun refuses root without these
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    command = [mpirun, "-np", str(np_), "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle",
+               "1", sys.executable, "-m", "horovod_sparse.cli", *rest]
+    return subprocess.call(command, env=env)
+
+
+def cmd_profile(args, parser, out, argv=()):
     from horovod_sparse.whatif import profile as prof
     from horovod_sparse.whatif import wire
     for spec in args.compressors:
@@ -164,17 +191,21 @@ def cmd_profile(args, parser, out):
         factory = prof.load_factory(args.model)
     except ValueError as e:
         parser.error(str(e))
+    if args.np and args.np > 1 and not prof._launched_by_mpirun():
+        return _relaunch_under_mpirun(args.np, argv, parser)
     try:
         trace = prof.profile(factory, args.batch, device=args.device, steps=args.steps, warmup=args.warmup,
                              compressors=args.compressors, repeats=args.repeats, threads=args.threads,
                              model_name=args.name or args.model.split(":")[-1], show_progress=not args.quiet)
     except ValueError as e:
         parser.error(f"--model {args.model}: {e}")
+    if trace is None:   # not rank 0 of mpirun: rank 0 writes the trace
+        return 0
     trace.meta["factory"] = args.model
     trace.save(args.output)
     print(f"{args.output}: {len(trace.gradients)} gradients, {trace.nbytes / 1e6:.1f} MB, batch "
           f"{trace.batch_time_s * 1e3:.1f} ms (backward {trace.backward_s * 1e3:.1f} ms), "
-          f"{len(trace.compressors)} compressors costed", file=out)
+          f"{len(trace.compressors)} compressors costed at P = {trace.workers}", file=out)
     for spec, err in trace.meta.get("errors", {}).items():
         print(f"  {spec}: not costed ({err})", file=out)
     return 0
@@ -312,7 +343,7 @@ def main(argv=None, out=None):
         return cmd_list(args, out)
     sub = parser._subparsers._group_actions[0].choices[args.command]   # errors name the subcommand
     if args.command == "profile":
-        return cmd_profile(args, sub, out)
+        return cmd_profile(args, sub, out, argv)
     return cmd_whatif(args, sub, out)
 
 

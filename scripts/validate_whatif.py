@@ -2,7 +2,8 @@
 """Check the what-if advisor against measured steps: predict every case the step benchmark
 measured, from a profile of each model, and compare.
 
-    # 1. a trace per model, on this machine, one thread (as each benchmark rank has)
+    # 1. a trace per model, on this machine, one thread (as each benchmark rank has); with
+    #    --np P -o results/traces/mlp5-p2.json also one profiled at P, used for that P
     M=horovod_sparse.whatif.models
     horovod-sparse profile --model $M:mlp5 --batch 16 --threads 1 -o results/traces/mlp5.json
     horovod-sparse profile --model $M:mlp30 --batch 32 --threads 1 -o results/traces/mlp30.json
@@ -12,7 +13,9 @@ measured, from a profile of each model, and compare.
 
 Inputs: (a) a JSONL of measured steps, one object per (model, np, link, compressor) with at
 least ``model, np, link, compressor, fwd_bwd_ms, step_ms, total_ms`` (the last record of a
-case wins); (b) traces by model: a directory holding ``<model>.json`` or ``model=path``.
+case wins); (b) traces by model: a directory holding ``<model>.json`` (any P) and
+``<model>-p<P>.json`` (profiled at P: ``horovod-sparse profile --np P``, used for that P),
+or ``model=path``.
 
 Per measured case the prediction is the advisor's step time (``horovod`` bucket rule, latency
 and codec cost on, no overlap on a CPU trace) on P = ``np`` workers, with
@@ -30,7 +33,8 @@ and codec cost on, no overlap on a CPU trace) on P = ``np`` workers, with
 * the fused compressors' bytes: the package's own accounting in the record
   (``bytes_sent_per_step``, minus Horovod's share) when present (``--wire measured``), else the
   formulas of horovod_sparse.whatif.wire;
-* compute and codec times as profiled at P = 1 on one thread, times a contention factor
+* compute and codec times as profiled (codec times profiled at this P are used as they are),
+  times a contention factor
   (``--contention``): ``dense`` (default) scales all of them by the measured dense step's
   forward + backward over the profiled one (:func:`horovod_sparse.whatif.model.contention`:
   what P ranks sharing this machine's cores and memory, and Horovod's per-tensor work in the
@@ -112,18 +116,29 @@ def measured_cases(path):
 
 
 def find_traces(entries):
-    traces = {}
+    """``{(model, P or None): Trace}``: ``<model>.json`` (or ``model=path``) serves every P,
+    ``<model>-p<P>.json`` (a profile under ``mpirun -np P``) serves P."""
+    paths = {}
     for entry in entries:
         if "=" in entry:
             model, path = entry.split("=", 1)
-            traces[model] = path
+            paths[model] = path
         elif os.path.isdir(entry):
             for name in sorted(os.listdir(entry)):
                 if name.endswith(".json"):
-                    traces[name[:-5]] = os.path.join(entry, name)
+                    paths[name[:-5]] = os.path.join(entry, name)
         else:
             raise SystemExit(f"--traces: {entry!r} is neither a directory nor model=path")
-    return {m: load(p) for m, p in traces.items()}
+    traces = {}
+    for key, path in paths.items():
+        at_p = re.fullmatch(r"(.+)-p(\d+)", key)
+        traces[(at_p.group(1), int(at_p.group(2))) if at_p else (key, None)] = load(path)
+    return traces
+
+
+def trace_for(traces, model, np_):
+    """The trace profiled at P = np_ if there is one, else the model's P-independent one."""
+    return traces.get((model, np_)) or traces.get((model, None))
 
 
 def link_bps(link):
@@ -223,11 +238,12 @@ def predict_case(record, trace, network, args, horovod_network=None, slow=1.0):
 def validate(args):
     cases = measured_cases(args.measured)
     traces = find_traces(args.traces)
-    missing = sorted({m for m, *_ in cases} - set(traces))
+    missing = sorted({f"{m} (P = {p})" for m, p, *_ in cases if trace_for(traces, m, p) is None})
     networks, hvd_networks, slowdowns, rows = {}, {}, {}, []
     for key, record in cases.items():
         model, np_, link, spec = key
-        if model not in traces:
+        trace = trace_for(traces, model, np_)
+        if trace is None:
             continue
         if (link, np_) not in networks:
             networks[(link, np_)] = calibrate(link, np_, args)
@@ -235,12 +251,12 @@ def validate(args):
         if (model, link, np_) not in hvd_networks:
             dense = next((r for (m, p, lk, c), r in cases.items()
                           if (m, p, lk) == (model, np_, link) and wire.canonical(c) == "none"), None)
-            slowdowns[(model, link, np_)] = compute_scale(dense, traces[model], args)
-            hvd_networks[(model, link, np_)] = calibrate_horovod(dense, traces[model], engine, args,
+            slowdowns[(model, link, np_)] = compute_scale(dense, trace, args)
+            hvd_networks[(model, link, np_)] = calibrate_horovod(dense, trace, engine, args,
                                                                  slowdowns[(model, link, np_)])
         hvd_net, slow = hvd_networks[(model, link, np_)], slowdowns[(model, link, np_)]
         try:
-            pred, scale = predict_case(record, traces[model], engine, args, hvd_net, slow)
+            pred, scale = predict_case(record, trace, engine, args, hvd_net, slow)
         except ValueError as e:   # a compressor this version does not know
             print(f"skipped {key}: {e}", file=sys.stderr)
             continue

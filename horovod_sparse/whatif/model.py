@@ -14,8 +14,8 @@ The step, for a compressor carried by Horovod (dense, fp16, randomk):
 
 A fused compressor (sparsifiers, quantizers, PowerSGD, FFT) hands Horovod one-float probes
 during backward, then runs its whole pipeline and its own exchange after backward:
-``decompress`` time (measured at P = 1, where no bytes move) + rounds x latency + bytes
-sent per rank / bandwidth (:mod:`.wire`).
+``decompress`` time (as profiled) + rounds x latency + bytes sent per rank / bandwidth
+(:mod:`.wire`).
 
 With ``compute_scale`` c (:func:`contention`: a measured forward + backward over the
 profiled one) every compute time of the profile (forward, backward, update) and every codec
@@ -24,6 +24,8 @@ which a profile at P = 1 cannot see. A fused compressor also adds what it receiv
 other ranks into its result: (P-1) payloads for an allgather, 2(P-1)/P of the buffer for a
 reduce-scatter + allgather (:func:`.wire.received_values`), charged at the trace's
 vector-addition rate (a lower bound of decoding; 0 at P = 1, where the profile ran).
+A trace profiled under ``mpirun -np P`` (``trace.workers`` = P) already holds all of that for
+P workers: its codec times are used as measured, with no scaling and no addition term.
 
 Overhead = end of the step's communication and codec work - end of backward without
 any of it; scaling factor = t_batch / (t_batch + overhead); speed-up over dense = step
@@ -249,7 +251,13 @@ def predict(trace, network, workers, compressor=None, ratio=None, options=None, 
             cost_info = found
         elif options.codec and compressor not in ("dense", "hvd-none", "none"):
             notes.append("no codec cost in the trace: counted as 0")
-    scale = slow * options.codec_scale if options.codec else 0.0
+    # Codec costs profiled at this P (trace.workers) already hold the contention of P ranks,
+    # the fused pipelines' P-rank path, their adding of the others' contributions and the
+    # waiting at their collectives; profiled at another P they are scaled and completed.
+    at_p = trace.workers == workers > 1
+    if trace.workers > 1 and not at_p and compressor is not None:
+        notes.append(f"codec costs profiled at P = {trace.workers}, used at P = {workers}")
+    scale = (1.0 if at_p else slow) * options.codec_scale if options.codec else 0.0
     compress_s, decompress_s = cost_info.compress_s * scale, cost_info.decompress_s * scale
 
     # 1. backward, with compress() in the hooks (shared out by bytes)
@@ -284,7 +292,7 @@ def predict(trace, network, workers, compressor=None, ratio=None, options=None, 
             if cost_info.wire_ratio is not None:
                 wire_bytes = cost_info.wire_ratio * wire.dense_ring_bytes(4 * n, workers)
         exchange = network.transfer(wire_bytes, rounds if options.latency else 0) if workers > 1 else 0.0
-        if reduce is not None and workers > 1:   # adding the others' contributions grows with P
+        if reduce is not None and workers > 1 and not at_p:   # adding the others' contributions grows with P
             decompress_s += reduce(4.0 * wire.received_values(compressor, n, wire_bytes)) * scale
         end += exchange
         comm += exchange

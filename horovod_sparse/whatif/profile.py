@@ -20,12 +20,21 @@ What is measured (medians over ``steps`` steps after ``warmup``):
   previous stamp (the first: since ``backward()`` was called); ``tail_s`` = backward
   after the last stamp; ``batch_time_s`` = zero_grad + forward + backward + a plain SGD
   update (what one worker pays per step without any communication);
-* codec cost per compressor: Horovod's call pattern at P = 1 on the model's real
-  gradients: ``compress`` of every gradient in backward order, then ``decompress`` of
-  every payload (for the fused compressors that runs the whole pipeline, its exchange
-  moving no bytes at P = 1), ``repeats`` times after one warm-up step;
+* codec cost per compressor: Horovod's call pattern on the model's real gradients:
+  ``compress`` of every gradient in backward order, then ``decompress`` of every payload
+  (for the fused compressors that runs the whole pipeline, its own exchange included),
+  ``repeats`` times after one warm-up step;
 * ``reduce``: adding two float vectors, at sizes up to the model's; ``copy_s``: one copy
   of a buffer as large as the model (memory bound of any pass over the gradient).
+
+Run on one process, the profile is of one worker alone (``workers`` 1 in the trace): the
+fused exchanges move no bytes. Run under ``mpirun -np P`` (or ``horovod-sparse profile
+--np P``) every rank profiles at once, each step started together: the trace then holds
+what P ranks pay where they run (``workers`` P): backward and codec under their
+contention for the cores and memory, and the fused compressors' pipelines as they run at
+P, their exchange on the local transport and the waiting at its collectives included.
+Backward times are averaged over the ranks, codec times are the slowest rank's per step
+(a step ends when its slowest rank does); rank 0 returns the trace, the others None.
 
     >>> load_factory("horovod_sparse.whatif.models:mlp30")       # doctest: +ELLIPSIS
     <function mlp30 at ...>
@@ -102,6 +111,52 @@ def default_loss(y):
     return torch.nn.functional.cross_entropy
 
 
+class _Ranks:
+    """The profiling processes: one (no MPI), or the ranks of ``mpirun`` (Horovod's world,
+    with a private mpi4py communicator to start steps together and combine times)."""
+
+    def __init__(self, use_horovod):
+        self.size, self.rank, self.comm = 1, 0, None
+        if use_horovod or _launched_by_mpirun():
+            import horovod.torch as hvd
+            hvd.init()
+            if hvd.size() > 1:
+                from mpi4py import MPI   # after hvd.init(): Horovod initialises MPI
+                self.comm = MPI.COMM_WORLD.Dup()
+                self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
+
+    def barrier(self):
+        if self.comm is not None:
+            self.comm.Barrier()
+
+    def _allreduce(self, values, op):
+        import numpy as np
+        a = np.asarray(values, dtype=np.float64)
+        if self.comm is None:
+            return a
+        out = np.empty_like(a)
+        self.comm.Allreduce(a, out, op=op)
+        return out
+
+    def slowest(self, values):
+        """Element-wise maximum over the ranks."""
+        return self._allreduce(values, self._op("MAX"))
+
+    def mean(self, values):
+        """Element-wise mean over the ranks."""
+        return self._allreduce(values, self._op("SUM")) / self.size
+
+    def _op(self, name):
+        if self.comm is None:
+            return None
+        from mpi4py import MPI
+        return getattr(MPI, name)
+
+
+def _launched_by_mpirun():
+    return int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1"))) > 1
+
+
 class _Clock:
     """perf_counter, after a device sync on CUDA."""
 
@@ -118,10 +173,12 @@ def _to(obj, device):
     return obj.to(device) if hasattr(obj, "to") else obj
 
 
-def measure_backward(model, x, y, loss_fn, device, steps=5, warmup=2):
+def measure_backward(model, x, y, loss_fn, device, steps=5, warmup=2, ranks=None):
     """Run ``warmup + steps`` plain steps; returns (gradients in backward order with median
-    waits, parameter tensors in that order, timings dict)."""
+    waits, parameter tensors in that order, timings dict). With several ``ranks`` each
+    step starts together on all of them and the medians are averaged over the ranks."""
     import torch
+    ranks = ranks or _Ranks(use_horovod=False)
     clock = _Clock(device)
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     stamps = []
@@ -131,6 +188,7 @@ def measure_backward(model, x, y, loss_fn, device, steps=5, warmup=2):
     waits, order, fwd, bwd_tail, upd, total = {}, None, [], [], [], []
     try:
         for step in range(warmup + steps):
+            ranks.barrier()
             t0 = clock()
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
@@ -157,13 +215,15 @@ def measure_backward(model, x, y, loss_fn, device, steps=5, warmup=2):
     finally:
         for h in hooks:
             h.remove()
+    keys = ("forward_s", "tail_s", "update_s", "batch_time_s")
+    medians = ranks.mean([statistics.median(waits[name]) for name in order] +
+                         [statistics.median(v) for v in (fwd, bwd_tail, upd, total)])
     grads = []
-    for name in order:
+    for name, wait in zip(order, medians):
         p = params[name]
-        grads.append(Gradient(name, statistics.median(waits[name]), p.numel() * p.element_size(),
+        grads.append(Gradient(name, float(wait), p.numel() * p.element_size(),
                               list(p.shape), str(p.dtype).replace("torch.", "")))
-    timings = dict(forward_s=statistics.median(fwd), tail_s=statistics.median(bwd_tail),
-                   update_s=statistics.median(upd), batch_time_s=statistics.median(total))
+    timings = {k: float(v) for k, v in zip(keys, medians[len(order):])}
     return grads, [params[n] for n in order], timings
 
 
@@ -189,9 +249,11 @@ def _sent_fraction(compression):
     return None
 
 
-def measure_codec(spec, grads, device, repeats=3):
-    """One compressor's :class:`CodecCost` on the gradients ``grads`` (backward order)."""
+def measure_codec(spec, grads, device, repeats=3, ranks=None):
+    """One compressor's :class:`CodecCost` on the gradients ``grads`` (backward order); with
+    several ``ranks``, each step's time is its slowest rank's."""
     from horovod_sparse.whatif import wire
+    ranks = ranks or _Ranks(use_horovod=False)
     clock = _Clock(device)
     compression = _horovod_compressor(spec)
     comp_t, decomp_t = [], []
@@ -200,6 +262,7 @@ def measure_codec(spec, grads, device, repeats=3):
             # fresh copies: a step's gradients are new tensors, and some compressors write
             # their result into the tensor they were given
             step_grads = [g.clone() for g in grads]
+            ranks.barrier()
             t0 = clock()
             sent = [compression.compress(g) for g in step_grads]
             t1 = clock()
@@ -214,7 +277,9 @@ def measure_codec(spec, grads, device, repeats=3):
         close = getattr(compression, "close", None)
         if callable(close):
             close()
-    return CodecCost(statistics.median(comp_t), statistics.median(decomp_t), wire.carrier(spec), fraction)
+    comp_t, decomp_t = ranks.slowest([comp_t, decomp_t])
+    return CodecCost(float(statistics.median(comp_t)), float(statistics.median(decomp_t)), wire.carrier(spec),
+                     fraction)
 
 
 def measure_reduce(max_bytes, device, repeats=5):
@@ -289,22 +354,31 @@ def _progress(enabled):
 def profile(factory, batch, device="cpu", steps=5, warmup=2, compressors=DEFAULT_COMPRESSORS, repeats=3,
             threads=None, model_name=None, show_progress=True):
     """Profile a model (a factory callable or ``"package.module:factory"``); returns a
-    :class:`~horovod_sparse.whatif.trace.Trace`. Compressors that fail to run are recorded
-    in ``meta["errors"]`` and left out."""
+    :class:`~horovod_sparse.whatif.trace.Trace` (on rank 0 only under ``mpirun``: None on the
+    others). Compressors that fail to run are recorded in ``meta["errors"]`` and left out."""
     import torch
     if threads:
         torch.set_num_threads(int(threads))
     ref = factory if isinstance(factory, str) else getattr(factory, "__qualname__", "model")
     if isinstance(factory, str):
         factory = load_factory(factory)
+    compressors = list(compressors or ())
+    errors = {}
+    try:
+        ranks = _Ranks(use_horovod=bool(compressors))
+    except Exception as e:   # no Horovod: a trace without codec costs is still useful
+        if _launched_by_mpirun():
+            raise
+        errors["horovod"] = f"{type(e).__name__}: {e}"
+        compressors, ranks = [], _Ranks(use_horovod=False)
     model, x, y, loss_fn = build(factory, batch)
     model, x, y = _to(model, device), _to(x, device), _to(y, device)
-    compressors = list(compressors or ())
     meta = dict(factory=ref, steps=steps, warmup=warmup, repeats=repeats, threads=torch.get_num_threads(),
-                torch=torch.__version__, python=platform.python_version(), host=platform.node(),
-                cpus=os.cpu_count(), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), errors={})
-    with _progress(show_progress)(3 + len(compressors)) as advance:
-        grads, params, timings = measure_backward(model, x, y, loss_fn, device, steps, warmup)
+                workers=ranks.size, torch=torch.__version__, python=platform.python_version(),
+                host=platform.node(), cpus=os.cpu_count(), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                errors=errors)
+    with _progress(show_progress and ranks.rank == 0)(3 + len(compressors)) as advance:
+        grads, params, timings = measure_backward(model, x, y, loss_fn, device, steps, warmup, ranks)
         advance("backward trace")
         gradients = [p.grad.detach().clone() for p in params]
         nbytes = sum(g.nbytes for g in grads)
@@ -313,20 +387,22 @@ def profile(factory, batch, device="cpu", steps=5, warmup=2, compressors=DEFAULT
         copy_s = measure_copy(nbytes, device)
         advance("copy")
         costs = {}
-        if compressors:
-            try:
-                import horovod.torch as hvd
-                hvd.init()
-            except Exception as e:   # no Horovod: a trace without codec costs is still useful
-                meta["errors"]["horovod"] = f"{type(e).__name__}: {e}"
-                compressors = []
         for spec in compressors:
+            cost, error = None, None
             try:
-                costs[spec] = measure_codec(spec, gradients, device, repeats)
+                cost = measure_codec(spec, gradients, device, repeats, ranks)
             except Exception as e:
-                meta["errors"][spec] = f"{type(e).__name__}: {e}"[:300]
+                error = f"{type(e).__name__}: {e}"[:300]
+            # every rank keeps a compressor only if it ran everywhere (the next one starts
+            # with a barrier: no rank may skip ahead)
+            if ranks.slowest([error is not None])[0]:
+                errors[spec] = error or "failed on another rank"
+            else:
+                costs[spec] = cost
             advance(spec)
+    if ranks.rank != 0:
+        return None
     if device != "cpu" and str(device).startswith("cuda"):
         meta["device_name"] = torch.cuda.get_device_name(torch.device(device))
     return Trace(model=model_name or ref.split(":")[-1], gradients=grads, device=str(device), batch=batch,
-                 compressors=costs, reduce=reduce, copy_s=copy_s, meta=meta, **timings)
+                 compressors=costs, reduce=reduce, copy_s=copy_s, workers=ranks.size, meta=meta, **timings)

@@ -9,7 +9,8 @@ profile``)::
      "forward_s": 0.03, "update_s": 0.01, "tail_s": 0.0001,   # tail: backward after the last gradient
      "gradients": [                    # BACKWARD order
         {"name": "4.bias", "wait_s": 0.0021, "bytes": 16384, "shape": [4096], "dtype": "float32"}, ...],
-     "compressors": {                  # codec cost on this device at P = 1, per step
+     "workers": 1,                     # ranks profiled at once (mpirun -np P): what P ranks pay here
+     "compressors": {                  # codec cost on this device at `workers` ranks, per step
         "topk:density=0.01": {"compress_s": 0.001, "decompress_s": 0.41, "carrier": "fused",
                               "sent_fraction": 0.01}, ...},
      "reduce": [[bytes, seconds], ...],   # adding two vectors of that many bytes
@@ -106,6 +107,7 @@ class Trace:
     compressors: dict = field(default_factory=dict)
     reduce: list = None
     copy_s: float = None
+    workers: int = 1     # ranks that ran the profile at once; the codec costs are theirs
     meta: dict = field(default_factory=dict)
 
     @property
@@ -128,7 +130,7 @@ class Trace:
                "batch_time_s": self.batch_time_s, "forward_s": self.forward_s, "update_s": self.update_s,
                "tail_s": self.tail_s, "gradients": [g.to_json() for g in self.gradients],
                "compressors": {k: v.to_json() for k, v in self.compressors.items()},
-               "reduce": self.reduce, "copy_s": self.copy_s, "meta": self.meta}
+               "reduce": self.reduce, "copy_s": self.copy_s, "workers": self.workers, "meta": self.meta}
         return {k: v for k, v in out.items() if v is not None}
 
     @classmethod
@@ -140,7 +142,8 @@ class Trace:
                    batch=d.get("batch"), forward_s=d.get("forward_s"), update_s=d.get("update_s"),
                    tail_s=float(d.get("tail_s", 0.0)),
                    compressors={k: CodecCost.from_json(v) for k, v in d.get("compressors", {}).items()},
-                   reduce=d.get("reduce"), copy_s=d.get("copy_s"), meta=d.get("meta", {}))
+                   reduce=d.get("reduce"), copy_s=d.get("copy_s"), workers=int(d.get("workers", 1)),
+                   meta=d.get("meta", {}))
 
     def save(self, path):
         with open(path, "w") as f:

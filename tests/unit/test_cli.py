@@ -144,6 +144,19 @@ def test_profile_writes_a_trace_that_whatif_reads(tmp_path, capsys):
     assert len(json.loads(capsys.readouterr().out)) == 3
 
 
+def test_profile_on_two_ranks_under_mpirun(tmp_path):
+    out = tmp_path / "tiny-p2.json"
+    r = _run("profile", "--np", "2", "--model", "whatif_tiny_model:tiny", "--batch", "8", "--steps", "2",
+             "--warmup", "1", "--repeats", "1", "--compressors", "dense", "topk:density=0.1", "--quiet",
+             "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("compressors costed at P = 2") == 1, r.stdout   # rank 0 alone reports
+    trace = load(str(out))
+    assert trace.workers == 2 and trace.meta["workers"] == 2
+    assert set(trace.compressors) == {"dense", "topk:density=0.1"}
+    assert trace.compressors["topk:density=0.1"].decompress_s > 0 and trace.backward_s > 0
+
+
 def test_profile_of_a_model_make_batch_loss_factory(tmp_path):
     out = tmp_path / "cls.json"
     r = _run("profile", "--model", "whatif_tiny_model:tiny_classifier", "--batch", "4", "--steps", "1",

@@ -207,6 +207,23 @@ def test_adding_the_other_ranks_contributions_grows_with_p():
         assert codec[p] == pytest.approx(0.03 + (p - 1) * k * 4e-9, rel=1e-6)
 
 
+def test_codec_profiled_at_p_is_used_as_measured_there_and_scaled_elsewhere():
+    # profiled by 4 ranks at once: at P = 4 the codec is already what 4 ranks pay (no compute
+    # scale, no addition term); at another P it is treated as a P = 1 profile, with a note
+    t = _trace(device="cpu", compressors={"topk:density=0.01": CodecCost(0.001, 0.03, "fused")})
+    t.reduce = [[1, 1e-9], [1e9, 1.0]]
+    t.workers = 4
+    net, slow = Network.from_gbps(1, 0.0), Options(compute_scale=2.0)
+    at_4 = predict(t, net, 4, compressor="topk:density=0.01", options=slow)
+    assert at_4.codec_s == pytest.approx(0.031) and not at_4.notes
+    at_8 = predict(t, net, 8, compressor="topk:density=0.01", options=slow)
+    k = 3_000_000 // 100
+    assert at_8.codec_s == pytest.approx(2 * 0.031 + 2 * 7 * k * 4e-9, rel=1e-6)
+    assert at_8.notes == ["codec costs profiled at P = 4, used at P = 8"]
+    t.workers = 1
+    assert predict(t, net, 4, compressor="topk:density=0.01", options=slow).codec_s > at_4.codec_s
+
+
 # ------------------------------------------------------------------------- wire
 def test_wire_formulas():
     n, p = 1_000_000, 4
@@ -339,13 +356,30 @@ def test_sweep_adds_dense_for_speedups_without_listing_it():
 
 
 # ------------------------------------------------------- scripts/validate_whatif.py
-@pytest.mark.parametrize("slowdown", [1.0, 2.0])
-def test_validate_script_reads_measured_steps_and_scores_the_picks(tmp_path, capsys, slowdown):
+def _validate_script():
     import importlib.util
     path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "validate_whatif.py")
     spec = importlib.util.spec_from_file_location("validate_whatif", path)
     validate = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(validate)
+    return validate
+
+
+def test_validate_script_uses_a_trace_profiled_at_p_for_that_p(tmp_path):
+    validate = _validate_script()
+    _trace().save(tmp_path / "toy.json")
+    at_4 = _trace()
+    at_4.workers = 4
+    at_4.save(tmp_path / "toy-p4.json")
+    traces = validate.find_traces([str(tmp_path)])
+    assert validate.trace_for(traces, "toy", 4).workers == 4
+    assert validate.trace_for(traces, "toy", 2).workers == 1
+    assert validate.trace_for(traces, "other", 2) is None
+
+
+@pytest.mark.parametrize("slowdown", [1.0, 2.0])
+def test_validate_script_reads_measured_steps_and_scores_the_picks(tmp_path, capsys, slowdown):
+    validate = _validate_script()
 
     trace = _trace(device="cpu", compressors={"dense": CodecCost(0.0, 0.0, "horovod"),
                                               "hvd-fp16": CodecCost(0.004, 0.002, "horovod"),
