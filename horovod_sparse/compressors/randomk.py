@@ -52,19 +52,21 @@ class RandomKCompressor(Compressor):
         if dtype in WIRE_DTYPE:
             acc = ops.cast(acc, WIRE_DTYPE[dtype])
         if self.error_feedback:
-            acc = ops.add(acc, ops.read_residual(slot))
+            acc = ops.add_to_residual(slot, acc)   # in place where the framework allows
         indices = ops.random_indices(self.seed, slot.stream, ops.read_step(slot), n, k, like=acc)
         values = ops.gather(acc, indices)
         if self.error_feedback:
-            ops.write_residual(slot, ops.zero_at(acc, indices))
+            ops.write_residual(slot, ops.zero_at_(acc, indices))
         ops.advance_step(slot)
-        return values, (indices, n, shape, dtype)
+        # decompress may write the result into the gradient it was given (as Horovod's own
+        # allreduce does): it is not read again once compressed
+        return values, (indices, n, shape, dtype, tensor)
 
     def decompress(self, ops, payload, ctx):
         if ctx is None:
             return payload
-        indices, n, shape, dtype = ctx
-        dense = ops.scatter(indices, payload, n)
+        indices, n, shape, dtype, gradient = ctx
+        dense = ops.scatter_into(gradient, indices, payload, n)
         if ops.dtype_name(dense) != dtype:
             dense = ops.cast(dense, dtype)
         return ops.reshape(dense, shape)

@@ -91,6 +91,25 @@ class ArrayOps:
         """A copy of the 1-D ``flat`` with zeros at ``indices``."""
         raise NotImplementedError
 
+    # In-place variants: frameworks with mutable tensors (PyTorch) override them to reuse
+    # buffers (a new 100 MB buffer per call costs its page faults, more than the math);
+    # the defaults are the functional ops above, so numpy (the oracle) and TensorFlow
+    # compute the very same values.
+    def add_to_residual(self, slot, t):
+        """``t + residual``, the step's working copy of the residual (PyTorch: the residual
+        itself, added to in place). Write it back with :meth:`write_residual`."""
+        return self.add(t, self.read_residual(slot))
+
+    def zero_at_(self, flat, indices):
+        """``flat`` with zeros at ``indices``; in place where ``flat`` is a working copy the
+        caller owns (from :meth:`add_to_residual`), else :meth:`zero_at`."""
+        return self.zero_at(flat, indices)
+
+    def scatter_into(self, out, indices, values, n):
+        """:meth:`scatter`, written into ``out`` (a tensor of ``n`` elements that is free to
+        overwrite, e.g. the gradient Horovod handed to ``compress``) where the framework can."""
+        return self.scatter(indices, values, n)
+
     def random_indices(self, seed, stream, step, n, k, like=None):
         """:func:`random_indices` as a tensor on ``like``'s device (``step`` may be a tensor)."""
         raise NotImplementedError
@@ -111,7 +130,9 @@ class ArrayOps:
 
     def slot_to_numpy(self, slot):
         """``(residual as numpy or None, step as int)``."""
-        residual = None if slot.residual is None else self.to_numpy(self.read_residual(slot))
+        # a copy: the residual may be updated in place later (add_to_residual), and a saved
+        # checkpoint must not change with it
+        residual = None if slot.residual is None else np.array(self.to_numpy(self.read_residual(slot)), copy=True)
         return residual, int(self.read_step(slot))
 
     @staticmethod

@@ -32,6 +32,21 @@ class TorchOps(ArrayOps):
     def zero_at(self, flat, indices):
         return flat.clone().index_fill_(0, indices, 0)
 
+    def add_to_residual(self, slot, t):
+        r = slot.residual
+        if r.dtype != t.dtype or r.device != t.device:
+            return t + r
+        return r.add_(t)   # t + r and r + t are the same IEEE sums: bitwise the oracle's
+
+    def zero_at_(self, flat, indices):
+        return flat.index_fill_(0, indices, 0)
+
+    def scatter_into(self, out, indices, values, n):
+        if (out is None or out.numel() != n or out.dtype != values.dtype or out.device != values.device
+                or not out.is_contiguous() or out.requires_grad):
+            return self.scatter(indices, values, n)
+        return out.view(-1).zero_().index_copy_(0, indices, values)
+
     def random_indices(self, seed, stream, step, n, k, like=None):
         indices = torch.from_numpy(random_indices(seed, stream, step, n, k))
         return indices if like is None else indices.to(like.device, non_blocking=True)

@@ -31,7 +31,9 @@ def test_result_is_average_of_what_each_rank_kept(spec, average_across_ranks, as
     rng = np.random.default_rng(1000 + hvd.rank())
     for step in range(4):
         grads = [rng.standard_normal(shape).astype(np.float32) for shape in SHAPES]
-        results, payloads = exchange_step(compressor, [torch.from_numpy(g) for g in grads])
+        # copies: decompress may write its result into the gradient it was given, as Horovod's
+        # own in-place allreduce does, and the reference below replays the original gradients
+        results, payloads = exchange_step(compressor, [torch.tensor(g) for g in grads])
         for key, (grad, result, payload) in enumerate(zip(grads, results, payloads)):
             ref_payload, ref_ctx = reference.compress(grad, key)
             np.testing.assert_array_equal(payload.numpy(), ref_payload,
@@ -71,3 +73,21 @@ def test_randomk_indices_agree_across_ranks(assert_identical_across_ranks):
         payload, ctx = compressor.compress(torch.from_numpy(rng.standard_normal(1000).astype(np.float32)))
         assert_identical_across_ranks(ctx[0].numpy())
         compressor.decompress(payload, ctx)
+
+
+def test_randomk_saved_state_does_not_change_with_training():
+    """The residual is updated in place; a state_dict taken before must not follow it."""
+    compressor = hvds.Compression.randomk(density=0.2)
+    rng = np.random.default_rng(11 + hvd.rank())
+
+    def step():
+        grads = [torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in SHAPES]
+        exchange_step(compressor, grads)
+
+    step()
+    saved = compressor.state_dict()
+    frozen = {key: entry["residual"].copy() for key, entry in saved.items()}
+    step()
+    for key, residual in frozen.items():
+        np.testing.assert_array_equal(saved[key]["residual"], residual)
+        assert not np.array_equal(compressor.state_dict()[key]["residual"], residual) or residual.size == 1
