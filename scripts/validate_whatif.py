@@ -35,7 +35,8 @@ and codec cost on, no overlap on a CPU trace) on P = ``np`` workers, with
   formulas of horovod_sparse.whatif.wire;
 * compute and codec times as profiled (codec times profiled at this P are used as they are),
   times a contention factor
-  (``--contention``): ``dense`` (default) scales all of them by the measured dense step's
+  (``--contention``): ``auto`` (default) is ``none`` for a trace profiled at the case's P
+  and ``dense`` otherwise; ``dense`` scales all of them by the measured dense step's
   forward + backward over the profiled one (:func:`horovod_sparse.whatif.model.contention`:
   what P ranks sharing this machine's cores and memory, and Horovod's per-tensor work in the
   hooks, cost; a user has it from the dense training they run today); ``copy`` scales the
@@ -85,9 +86,10 @@ def parse_args(argv=None):
                    help="seconds per message round when not calibrated (default %(default)g)")
     p.add_argument("--rule", default="horovod", choices=["horovod", "netai", "wfbp", "single"])
     p.add_argument("--wire", choices=["measured", "formula"], default="measured")
-    p.add_argument("--contention", choices=["dense", "copy", "none"], default="dense",
-                   help="compute slowdown: from the measured dense fwd+bwd (default), copy_ms / copy_s "
-                   "on the codec only, or none")
+    p.add_argument("--contention", choices=["auto", "dense", "copy", "none"], default="auto",
+                   help="compute slowdown: from the measured dense fwd+bwd, copy_ms / copy_s on the codec "
+                   "only, or none; auto (default): none for a trace profiled at the case's P (it holds "
+                   "the contention already), dense for a P = 1 trace")
     p.add_argument("--tie", type=float, default=0.05,
                    help="a pick within this fraction of the measured fastest counts as near (default 0.05)")
     p.add_argument("--md", help="write the report as markdown here")
@@ -187,10 +189,18 @@ def calibrate(link, np_, args):
     return Network(nominal, args.latency), f"nominal {nominal / 1e9:g} Gbit/s, latency {args.latency * 1e6:g} us"
 
 
+def contention_mode(args, trace):
+    """``--contention`` for this trace, ``auto`` resolved."""
+    if args.contention != "auto":
+        return args.contention
+    return "none" if trace.workers > 1 else "dense"
+
+
 def compute_scale(dense_record, trace, args):
     """``Options.compute_scale`` for one model, link and P: the measured dense forward +
     backward over the profiled one (``--contention dense``), else 1."""
-    if args.contention != "dense" or dense_record is None or not dense_record.get("fwd_bwd_ms"):
+    if (contention_mode(args, trace) != "dense" or dense_record is None
+            or not dense_record.get("fwd_bwd_ms")):
         return 1.0
     return contention(trace, dense_record["fwd_bwd_ms"] / 1e3, dense_record["compressor"])
 
@@ -263,8 +273,8 @@ def validate(args):
         measured = record["total_ms"]
         rows.append(dict(model=model, np=np_, link=link, compressor=spec, measured_ms=measured,
                          predicted_ms=pred.step_s * 1e3, error=pred.step_s * 1e3 / measured - 1,
-                         in_sample=wire.canonical(spec) == "none" and (hvd_net is not None
-                                                                       or args.contention == "dense"),
+                         in_sample=wire.canonical(spec) == "none" and (
+                             hvd_net is not None or contention_mode(args, trace) == "dense"),
                          measured_fwd_bwd_ms=record.get("fwd_bwd_ms"), measured_step_ms=record.get("step_ms"),
                          predicted_overhead_ms=pred.overhead_s * 1e3, codec_ms=pred.codec_s * 1e3,
                          comm_ms=pred.comm_s * 1e3, wire_bytes=pred.wire_bytes, codec_scale=scale))
@@ -335,7 +345,7 @@ def sensitivity(args):
     """The summary line under the other calibration choices, for comparison."""
     out = []
     for horovod in ("dense", "engine"):
-        for contention in ("dense", "copy", "none"):
+        for contention in ("auto", "dense", "copy", "none"):
             for wire_source in ("measured", "formula"):
                 alt = argparse.Namespace(**{**vars(args), "horovod": horovod, "contention": contention,
                                             "wire": wire_source})
