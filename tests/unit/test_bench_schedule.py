@@ -1,7 +1,6 @@
 """The schedule benchmark for real (no mocks): a short loopback run at P = 2 through the
 driver (mpirun over TCP on lo, no namespaces, so no root needed), its records and report,
 and its usage errors."""
-import importlib.util
 import json
 import os
 import shutil
@@ -9,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from scripts_under_test import load_script
 
 _REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 _SCRIPT = os.path.join(_REPO, "scripts", "bench_schedule.py")
@@ -17,14 +17,7 @@ _ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CON
         "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("hsp_bench_schedule", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_schedule = _load()
+bench_schedule = load_script("bench_schedule")
 
 
 def _python():

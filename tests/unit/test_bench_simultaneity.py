@@ -1,7 +1,6 @@
 """The simultaneity benchmark for real: a short loopback run at P = 2 (mpirun over TCP on
 lo, two channel threads on Dup'd communicators), its records and report; the fit on exact
 synthetic records; usage errors."""
-import importlib.util
 import json
 import os
 import shutil
@@ -9,20 +8,14 @@ import subprocess
 import sys
 
 import pytest
+from scripts_under_test import load_script
 
 _REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 _SCRIPT = os.path.join(_REPO, "scripts", "bench_simultaneity.py")
 _ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1"}
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("hsp_bench_simultaneity", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_script("bench_simultaneity")
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")

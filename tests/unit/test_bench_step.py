@@ -1,6 +1,5 @@
 """Smoke tests of the step benchmark's argument parsing and report code: no MPI, no torch,
 no timing (the numbers below are made up)."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,23 +8,10 @@ import sys
 import pytest
 
 from horovod_sparse.bench import step
+from scripts_under_test import load_script
 
-_SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
-
-
-def _load(name):
-    sys.path.insert(0, _SCRIPTS)   # bench_step imports plot_step from scripts/
-    try:
-        spec = importlib.util.spec_from_file_location(f"hsp_{name}", os.path.join(_SCRIPTS, f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(_SCRIPTS)
-
-
-bench_step = _load("bench_step")
-plot_step = _load("plot_step")
+bench_step = load_script("bench_step")
+plot_step = load_script("plot_step")
 
 
 def test_import_needs_no_torch_or_mpi():

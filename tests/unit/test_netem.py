@@ -1,14 +1,11 @@
 """Quick checks of scripts/netem.py that need no namespaces and no privileges."""
-import importlib.util
 import ipaddress
-import os
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "netem.py")
-_spec = importlib.util.spec_from_file_location("hsp_netem", _PATH)
-netem = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(netem)
+from scripts_under_test import load_script
+
+netem = load_script("netem")
 
 
 def test_parse_splits_command_at_double_dash():

@@ -357,12 +357,8 @@ def test_sweep_adds_dense_for_speedups_without_listing_it():
 
 # ------------------------------------------------------- scripts/validate_whatif.py
 def _validate_script():
-    import importlib.util
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "validate_whatif.py")
-    spec = importlib.util.spec_from_file_location("validate_whatif", path)
-    validate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(validate)
-    return validate
+    from scripts_under_test import load_script
+    return load_script("validate_whatif")
 
 
 def test_validate_script_uses_a_trace_profiled_at_p_for_that_p(tmp_path):

@@ -1,0 +1,19 @@
+"""The scripts of ``scripts/`` loaded as modules for their tests (they are not a package)."""
+import importlib.util
+import os
+import sys
+
+SCRIPTS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+
+
+def load_script(name):
+    """``scripts/<name>.py`` as a module named ``hsp_<name>``; ``scripts/`` is on ``sys.path``
+    while it loads, since scripts import each other (bench_step imports plot_step)."""
+    sys.path.insert(0, SCRIPTS)
+    try:
+        spec = importlib.util.spec_from_file_location(f"hsp_{name}", os.path.join(SCRIPTS, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(SCRIPTS)
