@@ -191,7 +191,7 @@ def cmd_profile(args, parser, out, argv=()):
         factory = prof.load_factory(args.model)
     except ValueError as e:
         parser.error(str(e))
-    if args.np and args.np > 1 and not prof._launched_by_mpirun():
+    if args.np and args.np > 1 and not prof.launched_by_mpirun():
         return _relaunch_under_mpirun(args.np, argv, parser)
     try:
         trace = prof.profile(factory, args.batch, device=args.device, steps=args.steps, warmup=args.warmup,

@@ -63,6 +63,8 @@ def parse_args(argv=None):
 def worker(a):
     import numpy as np
     from mpi4py import MPI
+
+    from horovod_sparse.bench.step import max_over_ranks
     if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
         raise SystemExit("bench_simultaneity: MPI does not provide MPI_THREAD_MULTIPLE; channels need it")
     world = MPI.COMM_WORLD
@@ -70,9 +72,7 @@ def worker(a):
     rank = world.Get_rank()
 
     def slowest(seconds):
-        out = np.empty(1)
-        world.Allreduce(np.array([seconds]), out, op=MPI.MAX)
-        return float(out[0])
+        return float(max_over_ranks(world, [seconds])[0])
 
     def allreduce(comm, send, recv):
         comm.Allreduce(send, recv, op=MPI.SUM)
@@ -153,7 +153,8 @@ def asc_outlook(link, np_, k2):
     from horovod_sparse.schedule.cost import CostModel
     from horovod_sparse.schedule.planner import make_plan
     from horovod_sparse.schedule.simulate import ready_times, simulate
-    calib = json.load(open(path))
+    with open(path) as f:
+        calib = json.load(f)
     cost = CostModel(calib["fit"]["a"], calib["fit"]["b"])
     ready = ready_times(calib["compute_s"])
     end = ready[-1] + calib["tail_s"]

@@ -117,7 +117,7 @@ class _Ranks:
 
     def __init__(self, use_horovod):
         self.size, self.rank, self.comm = 1, 0, None
-        if use_horovod or _launched_by_mpirun():
+        if use_horovod or launched_by_mpirun():
             import horovod.torch as hvd
             hvd.init()
             if hvd.size() > 1:
@@ -129,31 +129,26 @@ class _Ranks:
         if self.comm is not None:
             self.comm.Barrier()
 
-    def _allreduce(self, values, op):
+    def slowest(self, values):
+        """Element-wise maximum over the ranks, as a float64 array."""
+        import numpy as np
+        from horovod_sparse.bench.step import max_over_ranks
+        return np.asarray(values, dtype=np.float64) if self.comm is None else max_over_ranks(self.comm, values)
+
+    def mean(self, values):
+        """Element-wise mean over the ranks, as a float64 array."""
         import numpy as np
         a = np.asarray(values, dtype=np.float64)
         if self.comm is None:
             return a
-        out = np.empty_like(a)
-        self.comm.Allreduce(a, out, op=op)
-        return out
-
-    def slowest(self, values):
-        """Element-wise maximum over the ranks."""
-        return self._allreduce(values, self._op("MAX"))
-
-    def mean(self, values):
-        """Element-wise mean over the ranks."""
-        return self._allreduce(values, self._op("SUM")) / self.size
-
-    def _op(self, name):
-        if self.comm is None:
-            return None
         from mpi4py import MPI
-        return getattr(MPI, name)
+        out = np.empty_like(a)
+        self.comm.Allreduce(a, out, op=MPI.SUM)
+        return out / self.size
 
 
-def _launched_by_mpirun():
+def launched_by_mpirun():
+    """Whether this process is one of several ranks started by mpirun."""
     return int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1"))) > 1
 
 
@@ -367,7 +362,7 @@ def profile(factory, batch, device="cpu", steps=5, warmup=2, compressors=DEFAULT
     try:
         ranks = _Ranks(use_horovod=bool(compressors))
     except Exception as e:   # no Horovod: a trace without codec costs is still useful
-        if _launched_by_mpirun():
+        if launched_by_mpirun():
             raise
         errors["horovod"] = f"{type(e).__name__}: {e}"
         compressors, ranks = [], _Ranks(use_horovod=False)
