@@ -108,21 +108,32 @@ class CompressorAdapter:
         return f"{type(self).__name__}({self.algorithm.spec!r})"
 
 
+#: parameters of the frontends' out-of-band compressor classes, not of the algorithm
+OUT_OF_BAND_PARAMETERS = ("dense_below", "schedule", "profile_steps")
+
+
 def make_compression_namespace(adapter_cls, sparse_cls, doc):
     """A ``Compression`` class for one frontend: one factory per registered compressor.
 
     ``Compression.randomk(density=0.01)`` returns ``adapter_cls(RandomKCompressor(density=0.01))``;
-    sparsifiers (``algorithm.fused``) get ``sparse_cls(algorithm, dense_below=...)`` instead.
+    out-of-band ones (``algorithm.fused``) get ``sparse_cls(algorithm, dense_below=..., schedule=...)``
+    instead (:data:`OUT_OF_BAND_PARAMETERS`).
     Each call makes a new instance (use one per optimizer).
     ``Compression.from_spec("topk:density=0.01")`` and ``Compression.available()`` do the same by name.
     """
     def build(name, **params):
-        dense_below = params.pop("dense_below", None)
+        # the frontend's own parameters, for the out-of-band compressors only
+        own = {key: params.pop(key) for key in OUT_OF_BAND_PARAMETERS if key in params}
         algorithm = registry.create(name, **params)
         if getattr(algorithm, "fused", False):
-            return sparse_cls(algorithm) if dense_below is None else sparse_cls(algorithm, dense_below)
-        if dense_below is not None:
-            raise ValueError(f"{name} has no parameter 'dense_below' (only the sparsifiers do)")
+            unsupported = sorted(set(own) - set(inspect.signature(sparse_cls.__init__).parameters))
+            if unsupported:
+                raise ValueError(f"{name}: parameter {unsupported[0]!r} is not supported by {sparse_cls.__name__} "
+                                 "(schedules run in the PyTorch frontend only)")
+            return sparse_cls(algorithm, **own)
+        if own:
+            raise ValueError(f"{name} has no parameter {sorted(own)[0]!r} (only the out-of-band compressors "
+                             "do: sparsifiers, quantizers, powersgd, fft, dense)")
         return adapter_cls(algorithm)
 
     def from_spec(spec, **params):

@@ -58,6 +58,11 @@ from doc_block import markers, replace_block  # noqa: E402
 
 #: What one run measures: Horovod's own fusion, then the one-channel plans.
 SCHEDULES = ("default", "after_backward", "wfbp", "mgwfbp", "optimal")
+#: With --compressor: Horovod's own fusion (dense, the reference), then the compressor with
+#: each of its schedules, ASC's two channels and "auto" included.
+COMPRESSOR_SCHEDULES = SCHEDULES + ("asc", "auto")
+#: The compressor's profiled steps before it plans (part of the warm-up).
+PROFILE_STEPS = 2
 #: Horovod 0.28.1's background loop defaults (HOROVOD_CYCLE_TIME 1 ms, fusion 128 MiB), as
 #: horovod_sparse.whatif.model assumes them.
 HOROVOD_CYCLE_S = 0.001
@@ -109,8 +114,11 @@ def build_parser():
     p.add_argument("--np", type=_positive, default=2, help="MPI ranks (default 2)")
     p.add_argument("--links", nargs="+", type=_link, default=["1gbit", "10gbit"],
                    help="tc rates per rank link, or loopback (default: 1gbit 10gbit)")
-    p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
-                   help="default: all of %(choices)s")
+    p.add_argument("--schedules", nargs="+", choices=COMPRESSOR_SCHEDULES, default=None,
+                   help="default: all of " + " ".join(SCHEDULES) + " (with --compressor also asc auto)")
+    p.add_argument("--compressor", default=None,
+                   help="run this out-of-band compressor's own schedules (e.g. oktopk:density=0.01, "
+                        "dense) instead of Horovod's groups=; 'default' stays Horovod's own dense fusion")
     p.add_argument("--steps", type=_positive, default=10, help="timed steps per schedule (default 10)")
     p.add_argument("--warmup", type=_non_negative, default=3, help="warm-up steps (default 3)")
     p.add_argument("--delay-scale", type=_scale, default=1.0,
@@ -129,7 +137,7 @@ def build_parser():
     p.add_argument("--python", default=default_python(), help="python of the ranks (default: .venv's)")
     # what the driver passes to the rank processes
     p.add_argument("--worker", choices=("calibrate", "run"), help=argparse.SUPPRESS)
-    p.add_argument("--schedule", choices=SCHEDULES, help=argparse.SUPPRESS)
+    p.add_argument("--schedule", choices=COMPRESSOR_SCHEDULES, help=argparse.SUPPRESS)
     p.add_argument("--link", type=_link, default="loopback", help=argparse.SUPPRESS)
     p.add_argument("--calib", help=argparse.SUPPRESS)
     return p
@@ -138,6 +146,18 @@ def build_parser():
 def parse_args(argv=None):
     p = build_parser()
     a = p.parse_args(argv)
+    if a.schedules is None:
+        a.schedules = list(COMPRESSOR_SCHEDULES if a.compressor else SCHEDULES)
+    if a.compressor is None and set(a.schedules) - set(SCHEDULES):
+        p.error("--schedules asc and auto run two channels, which Horovod's groups= cannot: "
+                "they need --compressor (e.g. --compressor dense)")
+    if a.compressor is not None:
+        from horovod_sparse import registry
+        try:
+            if not getattr(registry.create(a.compressor), "fused", False):
+                p.error(f"--compressor {a.compressor}: only out-of-band compressors have schedules")
+        except ValueError as e:
+            p.error(f"--compressor: {e}")
     if a.worker == "run" and (a.schedule is None or a.calib is None):
         p.error("--worker run needs --schedule and --calib")
     if a.worker == "calibrate" and a.calib is None:
@@ -313,23 +333,30 @@ def run_schedule(a):
     from horovod_sparse.schedule.cost import TableCost
     from horovod_sparse.schedule.groups import horovod_groups
     torch.set_num_threads(1)
-    plan, cost = plan_for(a.schedule, calib, a.cost)
+    ours = a.compressor is not None and a.schedule != "default"
+    plan, cost = plan_for("default" if ours else a.schedule, calib, a.cost)   # ours plans itself
     torch.manual_seed(0)
     model, loss_fn, make_batch = build_model(a.delay_scale)
     params = dict(model.named_parameters())
     groups, env = None, {}
-    if plan is not None:
+    if plan is not None and not ours:
         groups, env = horovod_groups(plan, [params[n] for n in calib["names"]], calib["sizes"])
         os.environ.update(env)   # read by hvd.init(), which comes next
     r = Ranks()
     hvd = r.hvd
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     x, y = make_batch(1 + r.rank)
+    compression = hvd.Compression.none
+    warmup = a.warmup
+    if ours:
+        import horovod_sparse.torch as hvds
+        compression = hvds.Compression.from_spec(a.compressor, schedule=a.schedule, profile_steps=PROFILE_STEPS)
+        warmup = max(a.warmup, PROFILE_STEPS + 2)   # profiled steps, the planning step, one planned
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3),
                                    named_parameters=model.named_parameters(),
-                                   compression=hvd.Compression.none, groups=groups)
+                                   compression=compression, groups=groups)
     times = []
-    for i in range(a.warmup + a.steps):
+    for i in range(warmup + a.steps):
         r.comm.Barrier()   # every step starts together; not timed
         t0 = time.perf_counter()
         opt.zero_grad()
@@ -337,40 +364,52 @@ def run_schedule(a):
         t1 = time.perf_counter()
         opt.step()
         t2 = time.perf_counter()
-        if i >= a.warmup:
+        if i >= warmup:
             times.append((t1 - t0, t2 - t0))
     times = [r.max(t) for t in times]
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
     digests = r.comm.allgather(hashlib.blake2b(flat.tobytes(), digest_size=16).hexdigest())
-    predicted_s, sim = predict(a.schedule, plan, cost, calib)
+    report = getattr(compression, "schedule_report", None)
+    if ours:
+        compression.close()
+    predicted_s, sim = predict(a.schedule if not ours else "default", plan, cost, calib)
+    if ours:   # the compressor's own model: its fitted exchange, the simulated end of its plan
+        # (after_backward and wfbp plan without a fit: filled from "auto"'s by the report)
+        fitted = report is not None and report.get("fit_a_s") is not None and "predicted_s" in report
+        predicted_s = (calib["batch_time_s"] + report["predicted_s"][report["chosen"]] - report["backward_s"]
+                       if fitted else None)
     # The same plan priced by the measured points themselves (interpolated), to tell the
     # line's error from the simulator's.
     table = TableCost(*zip(*calib["fit"]["points"]))
-    table_s, _ = predict(a.schedule, plan, table, calib)
+    table_s, _ = predict(a.schedule, plan, table, calib) if not ours else (None, None)
     measured = statistics.median(t for _, t in times)
     rec = {
         "bench": "schedule", "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "link": a.link, "link_bps": link_bps(a.link), "np": r.size, "schedule": a.schedule,
-        "plan": [list(b) for b in (plan if plan is not None else sim.plan)], "buckets": len(sim.plan),
+        "compressor": a.compressor if ours else "horovod-none",
+        "schedule_report": _jsonable(report) if r.rank == 0 else None,
+        "plan": ([list(b) for b in (plan if plan is not None else sim.plan)] if not ours
+                 else [[len(k), c] for k, c in zip(report["buckets"], report["channels"])] if report else None),
+        "buckets": len(sim.plan) if not ours else (len(report["buckets"]) if report else 1),
         "measured_ms": measured * 1e3, "measured_min_ms": min(t for _, t in times) * 1e3,
         "measured_max_ms": max(t for _, t in times) * 1e3,
         "fwd_bwd_ms": statistics.median(fb for fb, _ in times) * 1e3,
-        "predicted_ms": predicted_s * 1e3, "error_pct": (predicted_s - measured) / measured * 100,
-        "predicted_overhead_ms": sim.overhead * 1e3, "predicted_table_ms": table_s * 1e3,
-        "error_table_pct": (table_s - measured) / measured * 100, "batch_ms": calib["batch_time_s"] * 1e3,
+        "predicted_ms": _ms(predicted_s), "error_pct": _error(predicted_s, measured),
+        "predicted_overhead_ms": sim.overhead * 1e3 if not ours else None, "predicted_table_ms": _ms(table_s),
+        "error_table_pct": _error(table_s, measured), "batch_ms": calib["batch_time_s"] * 1e3,
         "backward_ms": (sum(calib["compute_s"]) + calib["tail_s"]) * 1e3,
         "cost_model": a.cost, "fit_a": calib["fit"]["a"], "fit_b": calib["fit"]["b"],
         "r2": calib["fit"]["r2"], "fit_points": calib["fit"]["points"],
         "gradients": len(calib["sizes"]), "grad_bytes": sum(calib["sizes"]), "env": env,
-        "replicas_identical": len(set(digests)) == 1, "steps": a.steps, "warmup": a.warmup,
+        "replicas_identical": len(set(digests)) == 1, "steps": a.steps, "warmup": warmup,
         "delay_scale": a.delay_scale, "model": calib["model"], "torch": torch.__version__,
         "horovod": __import__("horovod").__version__,
         "command": shlex.join(["python", "scripts/bench_schedule.py"] + sys.argv[1:]),
         "driver_command": os.environ.get(DRIVER_ENV),
     }
-    r.say(f"[schedule] {a.link} {a.schedule:>14}: {len(sim.plan):2d} buckets, measured {measured * 1e3:7.1f} ms, "
-          f"predicted {predicted_s * 1e3:7.1f} ms ({rec['error_pct']:+.1f}%; measured-table cost "
-          f"{rec['error_table_pct']:+.1f}%), replicas "
+    r.say(f"[schedule] {a.link} {rec['compressor']} {a.schedule:>14}: {rec['buckets']:2d} buckets, measured "
+          f"{measured * 1e3:7.1f} ms, predicted {_text(rec['predicted_ms'])} ms ({_pct(rec['error_pct'])}; "
+          f"measured-table cost {_pct(rec['error_table_pct'])}), replicas "
           f"{'identical' if rec['replicas_identical'] else 'DIFFER'}")
     if r.rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
@@ -380,6 +419,23 @@ def run_schedule(a):
     return 0
 
 
+def _ms(seconds):
+    return None if seconds is None else seconds * 1e3
+
+
+def _error(predicted_s, measured_s):
+    return None if predicted_s is None else (predicted_s - measured_s) / measured_s * 100
+
+
+def _text(ms):
+    return "n/a" if ms is None else f"{ms:7.1f}"
+
+
+def _jsonable(report):
+    """The compressor's schedule report with its keys and numbers as JSON takes them."""
+    return None if report is None else json.loads(json.dumps(report, default=float))
+
+
 # ---------------------------------------------------------------------- driver side
 def worker_command(a, link, *extra):
     """The netem.py command line of one job on ``link``."""
@@ -387,6 +443,8 @@ def worker_command(a, link, *extra):
     bench = [a.python, os.path.join("scripts", "bench_schedule.py"), "--link", link,
              "--steps", str(a.steps), "--warmup", str(a.warmup), "--delay-scale", str(a.delay_scale),
              "--fit-repeats", str(a.fit_repeats), "--cost", a.cost, "--out", a.out, *extra]
+    if a.compressor:
+        bench += ["--compressor", a.compressor]
     # "--mpirun-args=...": with a space argparse would read the value, which starts with "--",
     # as an option.
     return [a.python, os.path.join("scripts", "netem.py"), "--rate", rate, "-np", str(a.np),
@@ -433,7 +491,7 @@ def load(path):
         for line in f:
             if line.strip():
                 r = json.loads(line)
-                recs[(r["link"], r["schedule"])] = r
+                recs[(r["link"], r.get("compressor"), r["schedule"])] = r
     return list(recs.values())
 
 
@@ -532,11 +590,93 @@ def plot(recs, png):
     plt.close(fig)
 
 
+def filled_predictions(recs):
+    """Our compressor's after_backward and wfbp runs plan without a cost fit: their
+    prediction is what the "auto" run of the same link predicted for them, from its fit."""
+    for r in recs:
+        if r["predicted_ms"] is not None or r.get("compressor") in (None, "horovod-none"):
+            continue
+        auto = next((x for x in recs if x["link"] == r["link"] and x["schedule"] == "auto"
+                     and x.get("schedule_report")), None)
+        if auto is not None and r["schedule"] in auto["schedule_report"]["predicted_s"]:
+            rep = auto["schedule_report"]
+            predicted = r["batch_ms"] + (rep["predicted_s"][r["schedule"]] - rep["backward_s"]) * 1e3
+            r.update(predicted_ms=predicted, error_pct=(predicted - r["measured_ms"]) / r["measured_ms"] * 100,
+                     predicted_from="auto")
+    return recs
+
+
+def markdown_compressor(recs):
+    """The tables of a --compressor run: each schedule of the compressor beside Horovod's own
+    dense fusion, predicted by the compressor's own fit beside measured, and the targets."""
+    spec = next(r["compressor"] for r in recs if r["compressor"] != "horovod-none")
+    links = list(dict.fromkeys(r["link"] for r in recs))
+    first = recs[0]
+    out = [f"Compressor `{spec}` with each `schedule=`, beside Horovod's own dense fusion (`default`). "
+           f"Model: {first['model']}; {first['gradients']} gradients, {first['grad_bytes'] / 1e6:.1f} MB; "
+           f"P = {first['np']}; {first['warmup']} warm-up steps (the compressor's {PROFILE_STEPS} profiled "
+           f"steps and its planning step among them) + {first['steps']} timed steps, each schedule in a fresh "
+           "job. Step = median over steps of the max over ranks. Predicted = the step without "
+           "communication (calibration) + the simulated end of the plan beyond backward, from the "
+           "compressor's own fit of its exchange (a + b*M on its channel, k2 on two) and its measured "
+           "arrivals; `after_backward` and `wfbp` plan without a fit, so their prediction is the `auto` "
+           "run's for them.", "", f"Driver command: `{first.get('driver_command') or 'n/a'}`", "",
+           "| link | fit a (ms) | fit b (ns/B) | R^2 | k2 | measured backward (ms) |", "|---|---:|---:|---:|---:|---:|"]
+    for link in links:
+        rep = next((x["schedule_report"] for x in recs if x["link"] == link and x["schedule"] == "auto"
+                    and x.get("schedule_report")), None)
+        if rep and rep.get("fit_b_s_per_byte") is not None:
+            k2 = rep.get("simultaneity")
+            out.append(f"| {link} | {rep['fit_a_s'] * 1e3:.3f} | {rep['fit_b_s_per_byte'] * 1e9:.3f} | "
+                       f"{rep['fit_r2']:.3f} | {'n/a' if k2 is None else f'{k2:.2f}'} | {rep['backward_s'] * 1e3:.1f} |")
+    out += ["", "| link | schedule | ran as | buckets (channels) | predicted (ms) | measured (ms) | error | "
+                "vs after_backward | vs Horovod default | replicas |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for link in links:
+        rows = sorted((x for x in recs if x["link"] == link), key=lambda x: COMPRESSOR_SCHEDULES.index(x["schedule"]))
+        ref = {x["schedule"]: x["measured_ms"] for x in rows}
+        for r in rows:
+            rep = r.get("schedule_report") or {}
+            ran = "Horovod dense" if r["compressor"] == "horovod-none" else rep.get("chosen", r["schedule"])
+            chans = sorted({c for _, c in r["plan"]}) if r["compressor"] != "horovod-none" and r["plan"] else [0]
+            vs = lambda k: f"{ref[k] / r['measured_ms']:.2f}x" if k in ref else ""  # noqa: E731
+            out.append(f"| {link} | {r['schedule']} | {ran} | {r['buckets']} ({len(chans)}) | "
+                       f"{_text(r['predicted_ms']).strip()} | {r['measured_ms']:.1f} | {_pct(r['error_pct'])} | "
+                       f"{vs('after_backward')} | {vs('default')} | "
+                       f"{'identical' if r['replicas_identical'] else 'DIFFER'} |")
+    out += ["", "Against issue 10's targets, from these records:", ""]
+    errors = [r for r in recs if r["error_pct"] is not None and r["compressor"] != "horovod-none"]
+    if errors:
+        worst = max(errors, key=lambda x: abs(x["error_pct"]))
+        within = sum(abs(r["error_pct"]) <= 15 for r in errors)
+        out.append(f"- predicted within 15% of measured: {within} of {len(errors)} "
+                   f"(worst: {worst['link']} {worst['schedule']}, {worst['error_pct']:+.1f}%)")
+    for link in links:
+        ref = {x["schedule"]: x["measured_ms"] for x in recs if x["link"] == link and x["compressor"] != "horovod-none"}
+        if "after_backward" in ref and len(ref) > 1:
+            best = min((k for k in ref if k != "after_backward"), key=ref.get)
+            out.append(f"- {link}: best schedule `{best}` {ref[best]:.1f} ms, "
+                       f"{ref['after_backward'] / ref[best]:.2f}x faster than `after_backward` "
+                       f"({ref['after_backward']:.1f} ms)")
+        if "optimal" in ref and "wfbp" in ref:
+            out.append(f"- {link}: `optimal` vs `wfbp` {ref['wfbp'] / ref['optimal']:.2f}x")
+        default = next((x["measured_ms"] for x in recs if x["link"] == link and x["schedule"] == "default"), None)
+        if default is not None and "auto" in ref:
+            out.append(f"- {link}: `auto` {ref['auto']:.1f} ms vs Horovod's default fusion {default:.1f} ms "
+                       f"({'no slower' if ref['auto'] <= default else 'slower'}: {default / ref['auto']:.2f}x)")
+    return "\n".join(out)
+
+
 def report(a):
     if not os.path.exists(a.data):
         print(f"[schedule] no records in {a.data}", flush=True)
         return 1
     recs = load(a.data)
+    spec = next((r.get("compressor") for r in recs if r.get("compressor") not in (None, "horovod-none")), None)
+    if spec is not None:
+        block = "schedule-" + spec.split(":")[0]
+        replace_block(a.md, block, markdown_compressor(filled_predictions(recs)))
+        print(f"[schedule] {len(recs)} records from {a.data} -> {a.md} (block {block})", flush=True)
+        return 0
     plot(recs, a.png)
     png = os.path.relpath(a.png, os.path.dirname(os.path.abspath(a.md)))
     replace_block(a.md, "schedule", markdown(recs, png))

@@ -38,6 +38,8 @@ class PowerSGDCompressor(FusedCompressor):
     """
 
     name = "powersgd"
+    #: its cost depends on the gradients' shapes (one factorisation per matrix), not only their size
+    per_matrix = True
 
     def __init__(self, rank=1, error_feedback=True, warm_start=True, min_compression_rate=2.0, seed=0):
         super().__init__()

@@ -1,4 +1,5 @@
-"""Quantizing compressors: bf16, QSGD, TernGrad, signSGD, Signum, EF-signSGD, 1-bit SGD.
+"""Quantizing compressors: bf16, QSGD, TernGrad, signSGD, Signum, EF-signSGD, 1-bit SGD, and
+the float32 "dense" sum (no compression; the schedules' baseline).
 
 Their codes are bit-packed with per-bucket or per-vector headers, which Horovod's dense
 allreduce cannot sum: they are *fused* compressors. The frontends flatten a step's
@@ -24,6 +25,8 @@ bits (6 for 16 levels) plus 4 bytes per bucket, terngrad 2 bits, the sign codes 
 """
 from horovod_sparse.compressors.base import (FusedCompressor, check_bool, check_choice, check_positive_int,
                                              check_unit_interval)
+from horovod_sparse.exchange.plain_sum import PlainSumPipeline
+from horovod_sparse.quantize.codec import Float32Codec
 from horovod_sparse.quantize.codecs import (BF16Codec, OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec,
                                             TernGradCodec)
 from horovod_sparse.quantize.pipeline import QuantizedPipeline
@@ -56,6 +59,42 @@ class QuantizingCompressor(FusedCompressor):
     def make_sparsifier(self, n, comm, layout=None):
         return QuantizedPipeline(n, comm, self.codec(), method=self.method,
                                  error_feedback=self.error_feedback, momentum=self.momentum)
+
+
+@register
+class DenseCompressor(QuantizingCompressor):
+    """No compression, exchanged out of band: the float32 sum over ranks (the schedules' baseline).
+
+    What Horovod's own allreduce computes, but run by this package's exchange, so that the
+    schedules (``schedule="wfbp"``, ``"mgwfbp"``, ``"optimal"``, ``"asc"``, ``"auto"``) can
+    be compared on dense gradients with Horovod's fusion, as the ASC-WFBP paper does. In the
+    step benchmark a plain ``dense`` is Horovod's own ``Compression.none``; ``dense:...``
+    with parameters is this one.
+
+    Args:
+        method: "allreduce" (default: one ``MPI_Allreduce``, as Horovod sums), "alltoall"
+            (the quantizers' exchange with a float32 code: each rank sums one 1/P chunk,
+            then the chunks are allgathered) or "allgather" (every rank sums all P buffers).
+
+    Example::
+
+        compression = horovod_sparse.torch.Compression.dense(schedule="mgwfbp")
+    """
+
+    name = "dense"
+
+    def __init__(self, method="allreduce"):
+        FusedCompressor.__init__(self)  # its own methods: QuantizingCompressor's check refuses "allreduce"
+        self.method = check_choice("method", method, ("allreduce",) + METHODS)
+        self.params = {"method": self.method}
+
+    def codec(self):
+        return Float32Codec()
+
+    def make_sparsifier(self, n, comm, layout=None):
+        if self.method == "allreduce":
+            return PlainSumPipeline(n, comm)
+        return super().make_sparsifier(n, comm, layout)
 
 
 @register

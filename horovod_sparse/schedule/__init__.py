@@ -21,12 +21,12 @@ Horovod's own ``groups=`` (:mod:`.groups`). Usable on its own, without MPI.
 from horovod_sparse.schedule.asc import asc_plan
 from horovod_sparse.schedule.cost import CostModel, RingAllreduce, TableCost, fit_simultaneity
 from horovod_sparse.schedule.groups import horovod_groups, plan_from_groups
-from horovod_sparse.schedule.planner import PLANNED, make_plan
+from horovod_sparse.schedule.planner import PLANNED, SCHEDULES, choose_plan, make_plan
 from horovod_sparse.schedule.plans import (layer_plan, mgwfbp_plan, netai_plan, optimal_plan, single_plan,
                                            threshold_plan, wfbp_plan)
 from horovod_sparse.schedule.simulate import Schedule, ready_times, simulate, simulate_cycles
 
 __all__ = ["CostModel", "RingAllreduce", "TableCost", "fit_simultaneity", "Schedule", "ready_times", "simulate",
            "simulate_cycles", "layer_plan", "wfbp_plan", "netai_plan", "single_plan", "threshold_plan",
-           "mgwfbp_plan", "optimal_plan", "asc_plan", "PLANNED", "make_plan", "horovod_groups",
+           "mgwfbp_plan", "optimal_plan", "asc_plan", "PLANNED", "SCHEDULES", "make_plan", "choose_plan", "horovod_groups",
            "plan_from_groups"]

@@ -28,19 +28,35 @@ restored when it is unfrozen (:mod:`horovod_sparse.regroup`), never drained into
 parameter. Horovod still reduces its gradient, which it zero-fills: it gets a probe like
 the others (so Horovod's payloads never differ across ranks, whatever a rank froze) and a
 zero result; a non-zero gradient on a frozen parameter is refused on every rank.
+
+With a ``schedule`` other than ``"after_backward"`` (docs/scheduling.md), the first
+``profile_steps`` steps run as above while the arrivals of the gradients are timed; then
+the exchange's cost is fitted on its own path, a plan is made on rank 0 and broadcast
+(:mod:`horovod_sparse.torch.profiling`, :func:`horovod_sparse.schedule.choose_plan`), and
+from the next step on each planned bucket is exchanged on a channel thread as soon as its
+gradients are in, while backward goes on (:mod:`horovod_sparse.torch.channels`); its
+``decompress`` waits for it.
 """
+import logging
+
 import horovod.torch as hvd
+import numpy as np
 import torch
 from horovod.torch.compression import Compressor as HorovodCompressor
 from horovod.torch.optimizer import _DistributedAdasumOptimizer
 
+from horovod_sparse.checks import check_choice, check_positive_int
 from horovod_sparse.horovod_checks import caller_gradient, caller_process_set, check_caller, communicator_of
-from horovod_sparse.layout import GradientLayout, agree_on_layout
 from horovod_sparse.ops.torch_ops import TorchOps
-from horovod_sparse.regroup import LayoutPipeline
+from horovod_sparse.regroup import PIPELINE_KEY
+from horovod_sparse.schedule.planner import PLANNED, SCHEDULES, channels_of, choose_plan
 from horovod_sparse.sparse_adapter import SparseCompressorBase
+from horovod_sparse.torch.buckets import Bucket, FusedBuffer, StepSum, key_order  # noqa: F401  (re-exported)
+from horovod_sparse.torch.channels import BucketPlan, ChannelExchanges, open_channels
+from horovod_sparse.torch.profiling import ArrivalTrace, fit_exchange_cost
 
 FUSED_KEY = "fused"
+log = logging.getLogger("horovod_sparse.schedule")
 
 
 class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
@@ -50,42 +66,60 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         algorithm: a fused compressor (``horovod_sparse.create("topk:density=0.01")``).
         dense_below: gradients with fewer elements (and non-float ones) go through Horovod's
             allreduce unchanged.
+        schedule: when the exchanges run: ``"after_backward"`` (default: one exchange of
+            the whole step after backward), ``"wfbp"`` (one per gradient, each as soon as it
+            is ready), ``"mgwfbp"`` (MG-WFBP's greedy merge), ``"optimal"`` (the exact
+            dynamic program), ``"asc"`` (merged buckets on two simultaneous channels) or
+            ``"auto"`` (whichever the simulator predicts fastest from the measured costs).
+        profile_steps: steps run after backward, timed, before a schedule's plan is made
+            (integer >= 1, default 3; the first is left out of the trace as warm-up).
 
     The fused buffer is float32 on the gradients' device; results are written back in each
     gradient's own dtype and device. Use one instance per optimizer (with ``process_set=``,
-    the exchange runs among that set's ranks). ``state_dict()`` is keyed by parameter name.
+    the exchange runs among that set's ranks). ``state_dict()`` is keyed by parameter name
+    (and holds the schedule's plan, so that a resumed run exchanges the same buckets).
+    ``schedule_report`` says, once planned, what was measured and chosen.
 
     Example::
 
-        compression = TorchOutOfBandCompressor(horovod_sparse.create("topk", density=0.01))
+        compression = TorchOutOfBandCompressor(horovod_sparse.create("topk", density=0.01), schedule="auto")
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                        compression=compression)
     """
 
     ops = TorchOps()
 
-    def __init__(self, algorithm, dense_below=None):
+    def __init__(self, algorithm, dense_below=None, schedule="after_backward", profile_steps=3):
         super().__init__(algorithm, *(() if dense_below is None else (dense_below,)))
+        self.schedule = check_choice("schedule", schedule, SCHEDULES)
+        self.profile_steps = check_positive_int("profile_steps", profile_steps)
+        # this step's gradients, as compress hands them over
         self._position = 0
         self._step_finished = False
         self._recorded = {}    # key -> gradient, this step
         self._frozen = {}      # key -> gradient of a frozen parameter, this step
-        self._results = None   # the step's StepSum, after its exchange
-        self._buffer = FusedBuffer()
-        self._layout = None    # the last step's layout, reused while the gradients keep it
+        self._results = None   # the step's sum (StepSum or ChannelExchanges), after its exchange
         self._caller_checked = False
-        self._pipelines = LayoutPipeline(
-            lambda layout: self.algorithm.make_sparsifier(layout.n, self.comm, layout=layout))
+        # the exchanges: one bucket after backward until a plan exists, then the plan's channels
+        self._whole_step = Bucket(algorithm)
+        self._channels = None       # ChannelExchanges, once planned
+        self._trace = ArrivalTrace()  # gradient arrivals of the profiled steps
+        self._loaded_plan = None    # (BucketPlan, whole-buffer states) from a checkpoint, until the next step
+        self.schedule_report = None
 
     def compress(self, tensor):
         if self._step_finished:
             self._position, self._step_finished = 0, False
             self._recorded, self._frozen, self._results = {}, {}, None
+            if self._channels is not None:
+                self._channels.start_step()
         if not self._caller_checked:
             check_caller(self.algorithm.name, hvd.Adasum, _DistributedAdasumOptimizer._allreduce_grad_async.__code__,
                          process_sets=True)
             self._comm = communicator_of(caller_process_set())
             self._caller_checked = True
+        if self._loaded_plan is not None:  # a resumed run: every rank loaded its plan, and calls this
+            self._adopt(*self._loaded_plan)
         name, parameter = caller_gradient(tensor)
         key = self._position if name is None else name
         self._position += 1
@@ -96,6 +130,10 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
                              "(one compressor instance per optimizer, one name per tensor)")
         frozen = parameter is not None and not parameter.requires_grad
         (self._frozen if frozen else self._recorded)[key] = tensor
+        if self._channels is not None:
+            self._channels.arrived(key, self._recorded, self._frozen)
+        elif self.schedule != "after_backward":
+            self._trace.arrived(key)
         probe = torch.ones(1, dtype=torch.float32, device=tensor.device)
         self.record(key, tensor, probe)
         return probe, ("sparse", key)
@@ -112,107 +150,111 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         return self._results.write(info, self.scale(tensor.item()))
 
     def _exchange(self):
-        """Fuse the recorded gradients, ordered by key, and run the step's one exchange."""
-        keys = sorted(self._recorded, key=lambda key: (isinstance(key, str), key))
-        gradients = [self._recorded[key] for key in keys]
-        items = [(key, tuple(g.shape), self.ops.dtype_name(g)) for key, g in zip(keys, gradients)]
-        if self._layout is None or self._layout[0] != items:  # its offsets and tag are computed once
-            self._layout = (items, GradientLayout(items))
-        layout = self._layout[1]
-        nonzero_frozen = any(bool(g.any()) for g in self._frozen.values())
-        agree_on_layout(layout, self.comm, self.algorithm.name, refused=nonzero_frozen,  # before any
-                        why="a frozen parameter (requires_grad False) has a non-zero gradient; "  # collective
-                            "frozen parameters are not exchanged: zero their gradients (opt.zero_grad())")
-        if not layout.entries:  # every gradient of the step is frozen: nothing to exchange
-            return StepSum(layout, {}, torch.zeros(0), self._frozen)
-        pipeline = self._pipelines.for_layout(layout)
-        self.sparsifiers = {FUSED_KEY: (layout, pipeline)}
-        if hasattr(pipeline, "step_sparse"):
-            # A sparsifier's memory reads the gradients where they are (no fused copy).
-            summed = pipeline.step_sparse([g.detach().reshape(-1) for g in gradients], tag=layout.tag)
+        """The step's exchanges: wait for the planned buckets, or exchange the whole step now
+        (and, once enough steps are profiled, plan)."""
+        if self._channels is not None:
+            results = self._channels.finish(self._recorded, self._frozen)
+            self.sparsifiers = self._channels.pipelines()
+            return results
+        if self.schedule != "after_backward":
+            self._trace.end_step()
+        results = self._whole_step.exchange(self._recorded, self._frozen, self.comm, self.algorithm.name)
+        if self._whole_step.pipeline is not None:
+            self.sparsifiers = {FUSED_KEY: (self._whole_step.layout, self._whole_step.pipeline)}
+        if self.schedule != "after_backward":
+            if len(self._trace.steps) >= self.profile_steps and self._recorded:
+                self._plan()
+        return results
+
+    # -- planning ----------------------------------------------------------------------
+    def _plan(self):
+        """Fit, plan on rank 0, broadcast, switch (collective: every rank, the same step)."""
+        known = sorted(self._recorded, key=key_order)  # the same on every rank (its layout was just agreed)
+        order, compute, tail = self._trace.backward_trace(known)
+        channels = open_channels(self.comm, channels_of(self.schedule))
+        report = {"schedule": self.schedule, "profiled_steps": len(self._trace.steps)}
+        fit = None
+        if self.schedule not in ("after_backward", "wfbp"):  # the others weigh start-ups against bytes
+            fit = fit_exchange_cost(self.algorithm, order, self._recorded, channels, self.algorithm.name)
+            report.update(fit_a_s=fit["cost"].a, fit_b_s_per_byte=fit["cost"].b, fit_r2=fit["r2"],
+                          fit_points=fit["points"], simultaneity=fit["simultaneity"])
+        choice = None
+        if self.comm.Get_rank() == 0:
+            sizes = [4 * self._recorded[k].numel() for k in order]
+            if fit is None:
+                choice = choose_plan(self.schedule, compute, sizes, cost=lambda nbytes: 0.0)
+            else:
+                extra = {} if fit["simultaneity"] is None else {"simultaneity": fit["simultaneity"]}
+                choice = choose_plan(self.schedule, compute, sizes, fit["cost"], tail_s=tail, **extra)
+            plan = BucketPlan.from_ranges(choice.plan, order)
+            report.update(predicted_s=choice.predicted,
+                          backward_s=sum(compute) + tail)
         else:
-            flat = self._buffer.fuse(layout, gradients)
-            summed = pipeline.step(flat, tag=layout.tag)
-            if not isinstance(summed, torch.Tensor):  # a pipeline that still runs on numpy
-                summed = torch.from_numpy(summed).to(flat.device)
-        return StepSum(layout, self._recorded, summed, self._frozen)
+            plan = None
+        plan = BucketPlan.broadcast(plan, self.comm, known)
+        chosen = np.array([PLANNED.index(choice.schedule) if choice else 0], dtype=np.int64)
+        self.comm.Bcast(chosen, root=0)
+        report.update(chosen=PLANNED[int(chosen[0])], buckets=[list(keys) for keys in plan.keys],
+                      channels=list(plan.channels))
+        self.schedule_report = report
+        if self.comm.Get_rank() == 0:
+            log.info("horovod_sparse %s schedule=%s: %s", self.algorithm.name, self.schedule, report)
+        slices = self._whole_step.pipelines.state_dict()
+        whole = slices.pop(PIPELINE_KEY, None)  # its step counter carries over to every bucket
+        self._adopt(plan, [whole] * len(plan.keys), slices=slices, channels=channels)
+
+    def _adopt(self, plan, wholes, slices=None, channels=None):
+        """Exchange by ``plan`` from the next step on; the buckets take the gradients' state."""
+        if slices is None:
+            slices = {k: v for k, v in self._whole_step.pipelines.kept.items()}
+        self._loaded_plan = None
+        if self._channels is not None:  # a checkpoint's plan replaces the current one
+            self._channels.close()
+        if channels is None:
+            channels = open_channels(self.comm, plan.channel_count)
+        self._channels = ChannelExchanges(self.algorithm, plan, self.comm, self.algorithm.name, channels)
+        self._channels.load_state_dict(slices, wholes)
+        self._whole_step.close()
 
     # -- checkpointing: by gradient key, so that state follows its parameter ------------
     def state_dict(self):
-        """``{parameter name: {field: its slice of the residual...}}`` plus the fused pipeline's
-        whole-buffer state under ``"(fused)"`` (numpy arrays and ints); each rank saves its own."""
-        return self._pipelines.state_dict()
+        """``{parameter name: {field: its slice of the residual...}}`` plus the pipelines'
+        whole-buffer state under ``"(fused)"`` (numpy arrays and ints; with a plan, its
+        buckets and each bucket's state); each rank saves its own."""
+        if self._channels is None:
+            return self._whole_step.pipelines.state_dict()
+        slices, wholes = self._channels.state_dict()
+        steps = [w["step"] for w in wholes if w is not None and "step" in w]
+        plan = self._channels.plan
+        return {**slices, PIPELINE_KEY: {"step": max(steps, default=0), "buckets": wholes[:len(plan.keys)],
+                                         "plan": {"keys": [list(k) for k in plan.keys],
+                                                  "channels": list(plan.channels)}}}
 
     def load_state_dict(self, state_dict):
         """Restore :meth:`state_dict`, now or at the first step; a gradient's state goes back to
-        it by name, whatever the layout then."""
-        self._pipelines.load_state_dict(state_dict)
+        it by name, whatever the layout then. A saved plan is resumed if this compressor has a
+        schedule (not ``"after_backward"``)."""
+        whole = state_dict.get(PIPELINE_KEY) or {}
+        if "plan" in whole and self.schedule != "after_backward":
+            plan = BucketPlan(tuple(tuple(k) for k in whole["plan"]["keys"]), tuple(whole["plan"]["channels"]))
+            slices = {k: v for k, v in state_dict.items() if k != PIPELINE_KEY}
+            if self._channels is not None and self._channels.plan == plan:
+                self._channels.load_state_dict(slices, whole["buckets"])
+            else:  # planned at the next compress, where the communicator is known
+                self._whole_step.pipelines.kept.update(slices)
+                self._loaded_plan = (plan, list(whole["buckets"]))
+            return
+        if self._channels is not None:  # saved without a plan: residuals by name, the step counter
+            slices = {k: v for k, v in state_dict.items() if k != PIPELINE_KEY}
+            self._channels.load_state_dict(slices, [whole or None] * len(self._channels.plan.keys))
+            return
+        self._whole_step.pipelines.load_state_dict(state_dict)
 
     def close(self):
-        self._pipelines.close()
+        if self._channels is not None:
+            self._channels.close()
+        self._whole_step.close()
 
 
 #: the name it had when only sparsifiers used it
 TorchSparseCompressor = TorchOutOfBandCompressor
-
-
-class FusedBuffer:
-    """One float32 buffer on the gradients' device, reused while the layout's length and
-    the device stay the same (no allocation, no page faults per step)."""
-
-    def __init__(self):
-        self.flat = None
-
-    def fuse(self, layout, gradients):
-        device = gradients[0].device if gradients else torch.device("cpu")
-        if self.flat is None or self.flat.numel() != layout.n or self.flat.device != device:
-            self.flat = torch.empty(layout.n, dtype=torch.float32, device=device)
-        for entry, g in zip(layout.entries, gradients):  # one copy pass, casting to float32
-            self.flat[entry.offset:entry.offset + entry.size].copy_(g.detach().reshape(-1))
-        return self.flat
-
-
-class StepSum:
-    """The step's sum over ranks, split by gradient: ``write(key, scale)`` puts one
-    gradient's part, times ``scale``, into that gradient and returns it.
-
-    summed : ``(indices, values)`` of a sparsifier (sorted int64 indices into the fused
-        buffer and their float32 sums) or a dense float32 tensor of length n.
-    """
-
-    def __init__(self, layout, gradients, summed, frozen=()):
-        self.gradients = gradients
-        self.frozen = frozen  # gradients of frozen parameters: zero on every rank (checked)
-        self.entries = layout.by_key
-        self.sparse = isinstance(summed, tuple)
-        if self.sparse:
-            indices, self.values = summed
-            # Where each gradient's pairs start and end (one binary search per gradient), and
-            # every index made relative to its gradient in one op over all of them.
-            starts = torch.tensor(layout.starts, dtype=indices.dtype, device=indices.device)
-            ends = torch.searchsorted(indices, starts)
-            local = indices - torch.repeat_interleave(starts[:-1], ends.diff())
-            bounds = ends.tolist()
-            self.parts = {e.key: (local[bounds[i]:bounds[i + 1]], slice(bounds[i], bounds[i + 1]))
-                          for i, e in enumerate(layout.entries)}
-            self._scaled = {1.0: self.values}  # scale -> values * scale: once per step, not per gradient
-        else:
-            self.parts = {e.key: summed[e.offset:e.offset + e.size] for e in layout.entries}
-
-    def write(self, key, scale):
-        if key in self.frozen:
-            return self.frozen[key]
-        g, entry = self.gradients[key], self.entries[key]
-        out = g if g.is_contiguous() and not g.requires_grad else torch.empty(
-            entry.shape, dtype=g.dtype, device=g.device)
-        flat_out = out.view(-1)
-        if self.sparse:
-            indices, part = self.parts[key]
-            if scale not in self._scaled:
-                self._scaled[scale] = self.values * scale
-            flat_out.zero_()
-            flat_out.index_copy_(0, indices.to(out.device), self._scaled[scale][part].to(out.device, out.dtype))
-        else:
-            part = self.parts[key]
-            flat_out.copy_(part * scale if scale != 1.0 else part)
-        return out

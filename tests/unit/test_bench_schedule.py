@@ -59,7 +59,8 @@ def test_quick_loopback_run(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [(["--links", "fast"], "bad link rate"),
-                                          (["--schedules", "asc"], "invalid choice"),
+                                          (["--schedules", "asc"], "they need --compressor"),
+                                          (["--schedules", "fastest"], "invalid choice"),
                                           (["--steps", "0"], "must be >= 1")])
 def test_bad_argument_is_a_usage_error(argv, message):
     done = subprocess.run([_python(), _SCRIPT, *argv], capture_output=True, text=True, timeout=60, env=_ENV)
@@ -78,3 +79,35 @@ def test_fit_sizes_and_plans_from_a_calibration():
     none, _ = bench_schedule.plan_for("default", calib)
     assert none is None
     assert bench_schedule.predict("default", None, cost, calib)[0] > calib["batch_time_s"]
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+def test_quick_loopback_run_of_a_compressors_own_schedules(tmp_path):
+    out = tmp_path / "oob.jsonl"
+    cmd = [_python(), _SCRIPT, "--links", "loopback", "--compressor", "dense", "--schedules", "default", "wfbp",
+           "auto", "--warmup", "1", "--steps", "2", "--delay-scale", "0.1", "--fit-repeats", "2",
+           "--out", str(out), "--no-doc", "--timeout", "100", "--python", _python()]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_ENV)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    recs = {r["schedule"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(recs) == {"default", "wfbp", "auto"} and all(r["replicas_identical"] for r in recs.values())
+    assert recs["default"]["compressor"] == "horovod-none" and recs["wfbp"]["compressor"] == "dense"
+    auto = recs["auto"]["schedule_report"]
+    assert auto["chosen"] in auto["predicted_s"] and auto["fit_r2"] <= 1.0
+    assert recs["auto"]["predicted_ms"] > 0 and recs["wfbp"]["predicted_ms"] is None   # wfbp plans without a fit
+    assert recs["wfbp"]["buckets"] == len(recs["wfbp"]["schedule_report"]["buckets"]) > 1
+
+    md = tmp_path / "doc.md"
+    md.write_text("<!-- schedule-dense:begin -->\n<!-- schedule-dense:end -->\n")
+    a = bench_schedule.parse_args(["--report", "--data", str(out), "--md", str(md)])
+    assert bench_schedule.report(a) == 0
+    doc = md.read_text()
+    assert "| loopback | auto |" in doc and "vs Horovod's default fusion" in doc
+
+
+def test_two_channel_schedules_need_a_compressor():
+    with pytest.raises(SystemExit):
+        bench_schedule.parse_args(["--schedules", "asc"])
+    with pytest.raises(SystemExit):
+        bench_schedule.parse_args(["--compressor", "fp16"])
+    assert bench_schedule.parse_args(["--compressor", "dense"]).schedules[-2:] == ["asc", "auto"]

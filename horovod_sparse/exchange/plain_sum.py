@@ -1,0 +1,68 @@
+"""The float32 sum over ranks by one ``MPI_Allreduce``, as Horovod's own dense allreduce
+computes it: the pipeline of the ``dense`` compressor's default method, the baseline that
+the schedules (``schedule="wfbp"``, ...) run out of band.
+
+    with PlainSumPipeline(n, comm) as pipeline:
+        total = pipeline.step(grad)           # the sum over ranks, in grad's library and device
+
+MPI's reduction is what Horovod relies on too: for a commutative sum Open MPI gives every
+rank the same bits (each chunk is reduced once and the result passed on), which the tests
+check (replicas bitwise identical).
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from horovod_sparse.closing import ClosesOnExit
+from horovod_sparse.exchange.comm import CountingComm
+from horovod_sparse.exchange.traffic import Traffic
+from horovod_sparse.ops import tensors
+
+
+@dataclass(frozen=True)
+class PlainSumStepInfo:
+    """What one step did on this rank: its number and :class:`Traffic`."""
+
+    step: int
+    traffic: Traffic
+
+
+class PlainSumPipeline(ClosesOnExit):
+    """Sum a float32 buffer of ``n`` elements over ``comm`` (duplicated: collective). No state
+    but a step counter; the fused pipelines' interface (``step``, ``last``, ``traffic``,
+    ``state_dict``, ``close``)."""
+
+    def __init__(self, n, comm):
+        self.n = int(n)
+        self.comm = CountingComm(comm)
+        self.step_count = 0
+        self.last = None
+        self._sum = np.empty(self.n, dtype=np.float32)
+
+    @property
+    def traffic(self):
+        return self.comm.traffic
+
+    def step(self, grad, tag=0):
+        """The sum over ranks of ``grad`` (1-D, length n, cast to float32) in grad's library
+        and device: a buffer of this pipeline, valid until its next step. ``tag`` is unused
+        (the caller agreed on the layout)."""
+        g = grad.detach().reshape(-1).float() if tensors.is_torch(grad) else np.asarray(grad, np.float32).ravel()
+        if g.shape[0] != self.n:
+            raise ValueError(f"the gradient has {g.shape[0]} elements, this pipeline sums {self.n}")
+        before = self.traffic
+        self.comm.allreduce(tensors.to_host(g), self._sum)
+        self.last = PlainSumStepInfo(self.step_count, self.traffic - before)
+        self.step_count += 1
+        return tensors.from_host(self._sum, g)
+
+    def state_dict(self):
+        return {"n": self.n, "step": self.step_count}
+
+    def load_state_dict(self, d):
+        if int(d.get("n", self.n)) != self.n:
+            raise ValueError(f"state_dict is for n={d.get('n')!r}; this pipeline sums n={self.n}")
+        self.step_count = int(d.get("step", 0))
+
+    def close(self):
+        self.comm.free()

@@ -1,0 +1,221 @@
+"""Schedules of the out-of-band compressors (issue 10): buckets exchanged on channel threads
+while backward runs, behind the stock hvd.DistributedOptimizer.
+
+Every schedule, for a sparsifier, a quantizer and the dense sum: every step equals an
+oracle (a numpy pipeline per planned bucket, fed this rank's local gradients in the plan's
+order and summed with mpi4py; before the plan, one pipeline over the whole step, whose
+residual the buckets then take over by name), the replicas end bitwise identical, the
+dense schedules equal Horovod's own allreduce, a checkpoint resumes bit for bit, and a
+rank whose layers differ fails on every rank.
+"""
+import copy
+
+import horovod.torch as hvd
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import horovod_sparse
+import horovod_sparse.torch as hvds
+from horovod_sparse.layout import GradientLayout
+from horovod_sparse.regroup import cut, per_element_fields
+from horovod_sparse.schedule import PLANNED
+
+WIDTH = 40
+SCHEDULES = ["wfbp", "mgwfbp", "optimal", "asc", "auto"]
+SPECS = ["topk:density=0.05", "qsgd", "dense"]
+STEPS = 6
+
+
+def five_layers():
+    torch.manual_seed(11)
+    return nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())],
+                         nn.Linear(WIDTH, WIDTH))
+
+
+def scheduled(spec, schedule, **kwargs):
+    return hvds.Compression.from_spec(spec, schedule=schedule, dense_below=0, profile_steps=1, **kwargs)
+
+
+def distributed(model, compression):
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(), compression=compression)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return opt
+
+
+def loss_of(model, step):
+    g = torch.Generator().manual_seed(1000 * hvd.rank() + step)
+    x, y = torch.randn(8, WIDTH, generator=g), torch.randn(8, WIDTH, generator=g)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def local_gradients(model, step):
+    twin = copy.deepcopy(model)
+    loss_of(twin, step).backward()
+    return {name: p.grad.numpy().copy() for name, p in twin.named_parameters()}
+
+
+def train_step(model, opt, step):
+    """One step; returns the averaged gradients by name."""
+    opt.zero_grad()
+    loss_of(model, step).backward()
+    opt.synchronize()
+    reduced = {name: p.grad.numpy().copy() for name, p in model.named_parameters()}
+    with opt.skip_synchronize():
+        opt.step()
+    return reduced
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+class BucketOracle:
+    """numpy pipelines of ``spec``: one over the whole step (sorted by name) until
+    :meth:`plan`, then one per bucket, each taking the whole step's residual slices of its
+    gradients and its step counter (what the compressor must do)."""
+
+    def __init__(self, spec, comm, shapes):
+        self.spec, self.comm, self.shapes = spec, comm, shapes
+        self.buckets = [self._make(sorted(shapes))]
+
+    def _make(self, names):
+        layout = GradientLayout([(name, self.shapes[name], "float32") for name in names])
+        return layout, horovod_sparse.create(self.spec).make_sparsifier(layout.n, self.comm, layout=layout)
+
+    def plan(self, buckets):
+        (layout, whole), = self.buckets
+        slices, rest = cut(layout, whole.state_dict())
+        self.buckets = [self._make(names) for names in buckets]
+        for layout, reference in self.buckets:
+            state = reference.state_dict()
+            for field in per_element_fields(state, layout.n):
+                state[field] = np.concatenate([slices[e.key][field] for e in layout.entries])
+            if "step" in rest:
+                state["step"] = rest["step"]
+            reference.load_state_dict(state)
+        whole.close()
+
+    def check(self, reduced, grads):
+        for layout, reference in self.buckets:
+            summed = np.asarray(reference.step(layout.fuse([grads[e.key] for e in layout.entries]), tag=layout.tag))
+            for e, want in zip(layout.entries, layout.split(summed / np.float32(self.comm.Get_size()))):
+                np.testing.assert_allclose(reduced[e.key], want, rtol=1e-5, atol=1e-6, err_msg=e.key)
+
+    def close(self):
+        for _, reference in self.buckets:
+            reference.close()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("spec", SPECS)
+def test_every_schedule_equals_its_oracle_and_keeps_replicas_identical(spec, schedule, comm,
+                                                                       assert_identical_across_ranks):
+    model, compression = five_layers(), scheduled(spec, schedule)
+    opt = distributed(model, compression)
+    oracle = BucketOracle(spec, comm, {name: tuple(p.shape) for name, p in model.named_parameters()})
+    start = flat(model).copy()
+    try:
+        for step in range(STEPS):
+            grads = local_gradients(model, step)
+            oracle.check(train_step(model, opt, step), grads)
+            if step == 0:  # planned at the end of the profiled step
+                report = compression.schedule_report
+                assert report["schedule"] == schedule and report["chosen"] in PLANNED
+                assert sorted(k for keys in report["buckets"] for k in keys) == sorted(oracle.shapes)
+                assert set(report["channels"]) <= ({0, 1} if report["chosen"] == "asc" else {0})
+                if schedule == "wfbp":
+                    assert len(report["buckets"]) == len(oracle.shapes)
+                oracle.plan(report["buckets"])
+    finally:
+        oracle.close()
+        compression.close()
+    assert_identical_across_ranks(flat(model))
+    assert not np.array_equal(flat(model), start)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("schedule", ["after_backward"] + SCHEDULES)
+def test_dense_schedules_equal_horovods_own_allreduce(schedule, assert_identical_across_ranks):
+    ours, horovods = five_layers(), five_layers()
+    compression = scheduled("dense", schedule)
+    opt_ours, opt_horovods = distributed(ours, compression), distributed(horovods, hvd.Compression.none)
+    for step in range(STEPS):
+        reduced = train_step(ours, opt_ours, step)
+        expected = train_step(horovods, opt_horovods, step)
+        for name in expected:
+            np.testing.assert_allclose(reduced[name], expected[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    compression.close()
+    np.testing.assert_allclose(flat(ours), flat(horovods), rtol=1e-5, atol=1e-6)
+    assert_identical_across_ranks(flat(ours))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("spec, schedule", [("topk:density=0.05", "asc"), ("qsgd", "mgwfbp"),
+                                            ("oktopk:density=0.05", "wfbp")])
+def test_a_checkpoint_resumes_the_same_buckets_bit_for_bit(spec, schedule, assert_identical_across_ranks):
+    """Train 6 steps; save after 3 (model, optimizer, compressor), resume in a new optimizer
+    and compressor: the last 3 steps give bitwise the parameters of the uninterrupted run."""
+    model, compression = five_layers(), scheduled(spec, schedule)
+    opt = distributed(model, compression)
+    for step in range(STEPS):
+        if step == 3:
+            saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()),
+                     copy.deepcopy(compression.state_dict()))
+        train_step(model, opt, step)
+    compression.close()
+    assert saved[2]["(fused)"]["plan"]["keys"], "the plan is saved with the state"
+
+    resumed, again = five_layers(), scheduled(spec, schedule)
+    resumed.load_state_dict(saved[0])
+    opt = distributed(resumed, again)
+    opt.load_state_dict(saved[1])
+    again.load_state_dict(saved[2])
+    for step in range(3, STEPS):
+        train_step(resumed, opt, step)
+    assert again.schedule_report is None, "a resumed run takes the saved plan, it does not profile again"
+    again.close()
+    np.testing.assert_array_equal(flat(resumed), flat(model))
+    assert_identical_across_ranks(flat(resumed))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("schedule", ["wfbp", "asc"])
+def test_a_rank_whose_layers_differ_fails_on_every_rank(schedule):
+    """After planning, rank 0 alone freezes a layer: its bucket's layout differs, and every
+    rank gets the error at the step's first decompress; none waits."""
+    model, compression = five_layers(), scheduled("topk:density=0.05", schedule)
+    opt = distributed(model, compression)
+    train_step(model, opt, 0)
+    train_step(model, opt, 1)
+    if hvd.rank() == 0:
+        model[0].requires_grad_(False)
+    with pytest.raises(ValueError, match=r"exchange different gradients"):
+        train_step(model, opt, 2)
+    compression.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_layer_frozen_after_planning_keeps_its_residual_and_replicas_agree(assert_identical_across_ranks):
+    """Freezing a layer on every rank after planning changes its bucket's layout on every
+    rank at once: training goes on, the frozen layer does not move, its residual is kept."""
+    model, compression = five_layers(), scheduled("topk:density=0.05", "wfbp")
+    opt = distributed(model, compression)
+    for step in range(2):
+        train_step(model, opt, step)
+    model[0].requires_grad_(False)
+    kept = {f: np.array(v) for f, v in compression.state_dict()["0.weight"].items()}
+    frozen = model[0].weight.detach().clone()
+    for step in range(2, 5):
+        train_step(model, opt, step)
+    assert torch.equal(model[0].weight, frozen)
+    for field, value in compression.state_dict()["0.weight"].items():
+        np.testing.assert_array_equal(value, kept[field], err_msg=field)
+    model[0].requires_grad_(True)
+    train_step(model, opt, 5)
+    assert not torch.equal(model[0].weight, frozen)
+    compression.close()
+    assert_identical_across_ranks(flat(model))
