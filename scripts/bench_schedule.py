@@ -116,6 +116,10 @@ def build_parser():
                    help="tc rates per rank link, or loopback (default: 1gbit 10gbit)")
     p.add_argument("--schedules", nargs="+", choices=COMPRESSOR_SCHEDULES, default=None,
                    help="default: all of " + " ".join(SCHEDULES) + " (with --compressor also asc auto)")
+    p.add_argument("--cycle-ms", type=float, default=None,
+                   help="HOROVOD_CYCLE_TIME for the compressor's own schedules only ('default' keeps "
+                        "Horovod's 1 ms): Horovod's background thread coordinates over MPI every cycle, "
+                        "which competes with the channel threads (docs/scheduling.md section 8)")
     p.add_argument("--compressor", default=None,
                    help="run this out-of-band compressor's own schedules (e.g. oktopk:density=0.01, "
                         "dense) instead of Horovod's groups=; 'default' stays Horovod's own dense fusion")
@@ -370,6 +374,7 @@ def run_schedule(a):
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
     digests = r.comm.allgather(hashlib.blake2b(flat.tobytes(), digest_size=16).hexdigest())
     report = getattr(compression, "schedule_report", None)
+    timeline = compression.last_step_timeline() if ours else None   # the last timed step, this rank
     if ours:
         compression.close()
     predicted_s, sim = predict(a.schedule if not ours else "default", plan, cost, calib)
@@ -387,7 +392,7 @@ def run_schedule(a):
         "bench": "schedule", "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "link": a.link, "link_bps": link_bps(a.link), "np": r.size, "schedule": a.schedule,
         "compressor": a.compressor if ours else "horovod-none",
-        "schedule_report": _jsonable(report) if r.rank == 0 else None,
+        "schedule_report": _jsonable(report) if r.rank == 0 else None, "timeline": timeline,
         "plan": ([list(b) for b in (plan if plan is not None else sim.plan)] if not ours
                  else [[len(k), c] for k, c in zip(report["buckets"], report["channels"])] if report else None),
         "buckets": len(sim.plan) if not ours else (len(report["buckets"]) if report else 1),
@@ -400,7 +405,8 @@ def run_schedule(a):
         "backward_ms": (sum(calib["compute_s"]) + calib["tail_s"]) * 1e3,
         "cost_model": a.cost, "fit_a": calib["fit"]["a"], "fit_b": calib["fit"]["b"],
         "r2": calib["fit"]["r2"], "fit_points": calib["fit"]["points"],
-        "gradients": len(calib["sizes"]), "grad_bytes": sum(calib["sizes"]), "env": env,
+        "gradients": len(calib["sizes"]), "grad_bytes": sum(calib["sizes"]),
+        "env": {**env, **{k: os.environ[k] for k in HOROVOD_KNOBS if k in os.environ}},
         "replicas_identical": len(set(digests)) == 1, "steps": a.steps, "warmup": warmup,
         "delay_scale": a.delay_scale, "model": calib["model"], "torch": torch.__version__,
         "horovod": __import__("horovod").__version__,
@@ -468,7 +474,10 @@ def drive(a, argv):
         for what, job in jobs:
             print(f"[schedule] === {link} {what} ({time.monotonic() - start:.0f} s so far): {shlex.join(job)}",
                   flush=True)
-            rc = run_link(job, env, a.timeout)
+            job_env = env
+            if a.compressor and a.cycle_ms is not None and what not in ("calibrate", "default"):
+                job_env = {**env, "HOROVOD_CYCLE_TIME": f"{a.cycle_ms:g}"}
+            rc = run_link(job, job_env, a.timeout)
             if rc != 0:
                 print(f"[schedule] !!! {link} {what} failed (exit {rc})", flush=True)
                 failed.append(f"{link}:{what}")
@@ -620,7 +629,9 @@ def markdown_compressor(recs):
            "communication (calibration) + the simulated end of the plan beyond backward, from the "
            "compressor's own fit of its exchange (a + b*M on its channel, k2 on two) and its measured "
            "arrivals; `after_backward` and `wfbp` plan without a fit, so their prediction is the `auto` "
-           "run's for them.", "", f"Driver command: `{first.get('driver_command') or 'n/a'}`", "",
+           "run's for them. Horovod's cycle time in the compressor's runs: "
+           f"{next((r['env'].get('HOROVOD_CYCLE_TIME') for r in recs if r['compressor'] != 'horovod-none'), None) or '1'}"
+           " ms (`default`: Horovod's defaults).", "", f"Driver command: `{first.get('driver_command') or 'n/a'}`", "",
            "| link | fit a (ms) | fit b (ns/B) | R^2 | k2 | measured backward (ms) |", "|---|---:|---:|---:|---:|---:|"]
     for link in links:
         rep = next((x["schedule_report"] for x in recs if x["link"] == link and x["schedule"] == "auto"
@@ -666,6 +677,42 @@ def markdown_compressor(recs):
     return "\n".join(out)
 
 
+def plot_timelines(recs, png):
+    """One step of each of the compressor's planned schedules (rank 0, the last timed step):
+    gradients arriving (backward), each bucket from ready to the end of its exchange, a lane
+    per channel."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = sorted((r for r in recs if r.get("timeline")), key=lambda x: COMPRESSOR_SCHEDULES.index(x["schedule"]))
+    if not rows:
+        return False
+    fig, axes = plt.subplots(len(rows), 1, figsize=(9, 1.3 + 1.0 * len(rows)), sharex=True, squeeze=False)
+    for ax, r in zip(axes[:, 0], rows):
+        t = r["timeline"]
+        ax.plot([x * 1e3 for x in t["arrived"]], [-0.6] * len(t["arrived"]), "k|", markersize=8)
+        for b in t["buckets"]:   # waits first, so that no wait hides an earlier exchange on its lane
+            ax.barh(b["channel"], (b["start"] - b["ready"]) * 1e3, left=b["ready"] * 1e3, height=0.5, color="0.85")
+        for b in t["buckets"]:
+            ax.barh(b["channel"], (b["end"] - b["start"]) * 1e3, left=b["start"] * 1e3, height=0.5,
+                    color=f"C{b['bucket'] % 10}", edgecolor="k", linewidth=0.4)
+        ax.axvline(t["finish"] * 1e3, color="k", linestyle=":", linewidth=1)
+        channels = sorted({b["channel"] for b in t["buckets"]})
+        ax.set_yticks([-0.6] + channels, ["backward"] + [f"channel {c}" for c in channels], fontsize=7)
+        ax.set_ylim(-1.1, max(channels) + 0.5)
+        rep = r.get("schedule_report") or {}
+        ax.set_title(f"{r['schedule']} (ran as {rep.get('chosen', r['schedule'])}): step {r['measured_ms']:.0f} ms "
+                     "median", fontsize=8, loc="left")
+    axes[-1, 0].set_xlabel("ms after the first gradient arrived (ticks: gradients at compress; grey: waiting "
+                           "for the channel; colour: exchange; dotted: first decompress)", fontsize=7)
+    fig.suptitle(f"{rows[0]['compressor']}, P = {rows[0]['np']}, {rows[0]['link']}: one step per schedule", fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def report(a):
     if not os.path.exists(a.data):
         print(f"[schedule] no records in {a.data}", flush=True)
@@ -674,7 +721,12 @@ def report(a):
     spec = next((r.get("compressor") for r in recs if r.get("compressor") not in (None, "horovod-none")), None)
     if spec is not None:
         block = "schedule-" + spec.split(":")[0]
-        replace_block(a.md, block, markdown_compressor(filled_predictions(recs)))
+        text = markdown_compressor(filled_predictions(recs))
+        png = os.path.join(os.path.dirname(a.data), f"timeline-{spec.split(':')[0]}.png")
+        if plot_timelines(recs, png):
+            text += (f"\n\n![one step of each schedule: backward and the exchanges per channel]"
+                     f"({os.path.relpath(png, os.path.dirname(os.path.abspath(a.md)))})")
+        replace_block(a.md, block, text)
         print(f"[schedule] {len(recs)} records from {a.data} -> {a.md} (block {block})", flush=True)
         return 0
     plot(recs, a.png)

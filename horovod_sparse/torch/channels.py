@@ -20,6 +20,8 @@ collectives on each channel in the same order, whatever order its own gradients 
 Each bucket has its own pipeline (residual, thresholds, regions): a sparsifier keeps
 ``density`` of each bucket rather than of the whole step (docs/scheduling.md).
 """
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -91,6 +93,13 @@ def open_channels(comm, count):
             for c in range(count)]
 
 
+#: Python's switch interval while channels run (seconds; CPython's default is 0.005). A
+#: channel thread whose MPI call returns, or that was just handed a bucket, waits for the GIL
+#: until the main thread (running Horovod's hooks and the model's Python) gives it up, at the
+#: latest after this interval; at 5 ms that wait came to a good part of a bucket's exchange.
+SWITCH_INTERVAL_S = 0.0005
+
+
 def close_channels(channels):
     for comm, thread in channels:
         thread.shutdown(wait=True)
@@ -114,6 +123,8 @@ class ChannelExchanges:
                        for channel in range(plan.channel_count)]
         self.channels = channels[:plan.channel_count]
         close_channels(channels[plan.channel_count:])
+        self._switch_interval = sys.getswitchinterval()  # restored by close()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self.start_step()
 
     def start_step(self):
@@ -121,12 +132,15 @@ class ChannelExchanges:
         self.started = [0] * len(self.queues)                  # buckets handed to each channel's thread
         self.futures = [None] * len(self.buckets)
         self.results = None
+        # when things happened this step (perf_counter seconds): the timeline of one step
+        self.clock = {"arrived": [], "buckets": {}, "finish": None}
 
     # -- a step ---------------------------------------------------------------------------
     def arrived(self, key, recorded, frozen):
         """``key`` was just added to this step's ``recorded`` or ``frozen`` gradients (key ->
         tensor, the compressor's); start its bucket (and the complete ones after it) when complete."""
         self.recorded, self.frozen = recorded, frozen
+        self.clock["arrived"].append(time.perf_counter())
         i = self.bucket_of.get(key)
         if i is not None:
             self.missing[i] -= 1
@@ -146,11 +160,22 @@ class ChannelExchanges:
         recorded = {k: self.recorded[k] for k in keys if k in self.recorded}
         frozen = {k: self.frozen[k] for k in keys if k in self.frozen}
         comm, thread = self.channels[channel]
-        self.futures[i] = thread.submit(self.buckets[i].exchange, recorded, frozen, comm, self.name)
+        self.clock["buckets"][i] = {"channel": channel, "gradients": len(recorded), "ready": time.perf_counter()}
+        self.futures[i] = thread.submit(self._exchange, i, recorded, frozen, comm)
+
+    def _exchange(self, i, recorded, frozen, comm):
+        """Bucket i's exchange, on its channel's thread, timed."""
+        times = self.clock["buckets"][i]
+        times["start"] = time.perf_counter()
+        try:
+            return self.buckets[i].exchange(recorded, frozen, comm, self.name)
+        finally:
+            times["end"] = time.perf_counter()
 
     def finish(self, recorded, frozen):
         """Start what is left, wait for every bucket; raise the first error (every rank raises)."""
         self.recorded, self.frozen = recorded, frozen
+        self.clock["finish"] = time.perf_counter()
         for channel in range(len(self.queues)):
             self._start(channel, everything=True)
         unplanned = sorted((k for k in {**self.recorded, **self.frozen} if k not in self.bucket_of), key=key_order)
@@ -176,6 +201,19 @@ class ChannelExchanges:
             raise error
         self.results = results
         return self
+
+    def timeline(self):
+        """The last finished step, in seconds after its first gradient arrived: ``arrived``
+        (each exchanged gradient's arrival at ``compress``), ``finish`` (its first
+        ``decompress``) and per bucket its channel, gradients, ``ready`` (handed to the
+        channel), ``start`` and ``end`` (of its exchange on the channel's thread)."""
+        if self.results is None or not self.clock["arrived"]:
+            return None
+        zero = self.clock["arrived"][0]
+        return {"arrived": [t - zero for t in self.clock["arrived"]], "finish": self.clock["finish"] - zero,
+                "buckets": [{"bucket": i, **{k: (v - zero if k in ("ready", "start", "end") else v)
+                                             for k, v in times.items()}}
+                            for i, times in sorted(self.clock["buckets"].items())]}
 
     def write(self, key, scale):
         i = self.bucket_of.get(key, len(self.buckets) - 1)
@@ -208,5 +246,8 @@ class ChannelExchanges:
 
     def close(self):
         close_channels(self.channels)
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
+            self._switch_interval = None
         for bucket in self.buckets:
             bucket.close()

@@ -184,11 +184,11 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
             if fit is None:
                 choice = choose_plan(self.schedule, compute, sizes, cost=lambda nbytes: 0.0)
             else:
-                extra = {} if fit["simultaneity"] is None else {"simultaneity": fit["simultaneity"]}
+                # k2 below 1 (two at once faster than one alone) is noise: the channels share one link
+                extra = {} if fit["simultaneity"] is None else {"simultaneity": max(1.0, fit["simultaneity"])}
                 choice = choose_plan(self.schedule, compute, sizes, fit["cost"], tail_s=tail, **extra)
             plan = BucketPlan.from_ranges(choice.plan, order)
-            report.update(predicted_s=choice.predicted,
-                          backward_s=sum(compute) + tail)
+            report.update(predicted_s=choice.predicted, backward_s=sum(compute) + tail)
         else:
             plan = None
         plan = BucketPlan.broadcast(plan, self.comm, known)
@@ -215,6 +215,11 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         self._channels = ChannelExchanges(self.algorithm, plan, self.comm, self.algorithm.name, channels)
         self._channels.load_state_dict(slices, wholes)
         self._whole_step.close()
+
+    def last_step_timeline(self):
+        """With a plan: when the last step's gradients arrived and its buckets were exchanged
+        (:meth:`~horovod_sparse.torch.channels.ChannelExchanges.timeline`); None before."""
+        return None if self._channels is None else self._channels.timeline()
 
     # -- checkpointing: by gradient key, so that state follows its parameter ------------
     def state_dict(self):

@@ -9,6 +9,7 @@ dense schedules equal Horovod's own allreduce, a checkpoint resumes bit for bit,
 rank whose layers differ fails on every rank.
 """
 import copy
+import sys
 
 import horovod.torch as hvd
 import numpy as np
@@ -26,6 +27,7 @@ WIDTH = 40
 SCHEDULES = ["wfbp", "mgwfbp", "optimal", "asc", "auto"]
 SPECS = ["topk:density=0.05", "qsgd", "dense"]
 STEPS = 6
+SWITCH_INTERVAL = sys.getswitchinterval()
 
 
 def five_layers():
@@ -130,11 +132,16 @@ def test_every_schedule_equals_its_oracle_and_keeps_replicas_identical(spec, sch
                 if schedule == "wfbp":
                     assert len(report["buckets"]) == len(oracle.shapes)
                 oracle.plan(report["buckets"])
+        timeline = compression.last_step_timeline()   # the last step: every bucket, in order of time
+        assert [b["bucket"] for b in timeline["buckets"]] == list(range(len(report["buckets"])))
+        assert len(timeline["arrived"]) == len(oracle.shapes) and timeline["arrived"][0] == 0.0
+        assert all(0 <= b["ready"] <= b["start"] <= b["end"] for b in timeline["buckets"])
     finally:
         oracle.close()
         compression.close()
     assert_identical_across_ranks(flat(model))
     assert not np.array_equal(flat(model), start)
+    assert sys.getswitchinterval() == SWITCH_INTERVAL, "closing the channels gives Python its switch interval back"
 
 
 @pytest.mark.timeout(240)
