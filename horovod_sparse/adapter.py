@@ -109,7 +109,7 @@ class CompressorAdapter:
 
 
 #: parameters of the frontends' out-of-band compressor classes, not of the algorithm
-OUT_OF_BAND_PARAMETERS = ("dense_below", "schedule", "profile_steps")
+OUT_OF_BAND_PARAMETERS = ("dense_below", "schedule", "profile_steps", "trial_steps")
 
 
 def make_compression_namespace(adapter_cls, sparse_cls, doc):

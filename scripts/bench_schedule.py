@@ -61,8 +61,10 @@ SCHEDULES = ("default", "after_backward", "wfbp", "mgwfbp", "optimal")
 #: With --compressor: Horovod's own fusion (dense, the reference), then the compressor with
 #: each of its schedules, ASC's two channels and "auto" included.
 COMPRESSOR_SCHEDULES = SCHEDULES + ("asc", "auto")
-#: The compressor's profiled steps before it plans (part of the warm-up).
+#: The compressor's profiled steps before it plans, and "auto"'s steps per candidate plan
+#: before it keeps the fastest (all part of the warm-up).
 PROFILE_STEPS = 2
+TRIAL_STEPS = 5
 #: Horovod 0.28.1's background loop defaults (HOROVOD_CYCLE_TIME 1 ms, fusion 128 MiB), as
 #: horovod_sparse.whatif.model assumes them.
 HOROVOD_CYCLE_S = 0.001
@@ -354,8 +356,13 @@ def run_schedule(a):
     warmup = a.warmup
     if ours:
         import horovod_sparse.torch as hvds
-        compression = hvds.Compression.from_spec(a.compressor, schedule=a.schedule, profile_steps=PROFILE_STEPS)
-        warmup = max(a.warmup, PROFILE_STEPS + 2)   # profiled steps, the planning step, one planned
+        from horovod_sparse.schedule.planner import PLANNED
+        from horovod_sparse.torch.trials import WARMUP_STEPS
+        trials = {"trial_steps": TRIAL_STEPS} if a.schedule == "auto" else {}
+        compression = hvds.Compression.from_spec(a.compressor, schedule=a.schedule, profile_steps=PROFILE_STEPS,
+                                                 **trials)
+        # profiled steps, the planning step, auto's candidates (at most one per planned schedule), one planned
+        warmup = max(a.warmup, PROFILE_STEPS + 2 + ((WARMUP_STEPS + TRIAL_STEPS) * len(PLANNED) if trials else 0))
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3),
                                    named_parameters=model.named_parameters(),
                                    compression=compression, groups=groups)
@@ -623,8 +630,10 @@ def markdown_compressor(recs):
     first = recs[0]
     out = [f"Compressor `{spec}` with each `schedule=`, beside Horovod's own dense fusion (`default`). "
            f"Model: {first['model']}; {first['gradients']} gradients, {first['grad_bytes'] / 1e6:.1f} MB; "
-           f"P = {first['np']}; {first['warmup']} warm-up steps (the compressor's {PROFILE_STEPS} profiled "
-           f"steps and its planning step among them) + {first['steps']} timed steps, each schedule in a fresh "
+           f"P = {first['np']}; warm-up steps (the compressor's {PROFILE_STEPS} profiled "
+           f"steps, its planning step and `auto`'s 1 + {TRIAL_STEPS} steps per candidate plan among them: "
+           f"{', '.join(sorted({str(r['warmup']) for r in recs}))}) + {first['steps']} timed steps, "
+           "each schedule in a fresh "
            "job. Step = median over steps of the max over ranks. Predicted = the step without "
            "communication (calibration) + the simulated end of the plan beyond backward, from the "
            "compressor's own fit of its exchange (a + b*M on its channel, k2 on two) and its measured "
@@ -670,6 +679,12 @@ def markdown_compressor(recs):
                        f"({ref['after_backward']:.1f} ms)")
         if "optimal" in ref and "wfbp" in ref:
             out.append(f"- {link}: `optimal` vs `wfbp` {ref['wfbp'] / ref['optimal']:.2f}x")
+        auto = next((x["schedule_report"] for x in recs if x["link"] == link and x["schedule"] == "auto"
+                     and (x.get("schedule_report") or {}).get("trials")), None)
+        if auto is not None:
+            tried = ", ".join(f"`{t['schedule']}` {t['measured_s'] * 1e3:.1f}" for t in auto["trials"])
+            out.append(f"- {link}: `auto` tried (median of {TRIAL_STEPS} steps, first compress to last exchange, "
+                       f"ms): {tried}; kept `{auto['chosen']}`")
         default = next((x["measured_ms"] for x in recs if x["link"] == link and x["schedule"] == "default"), None)
         if default is not None and "auto" in ref:
             out.append(f"- {link}: `auto` {ref['auto']:.1f} ms vs Horovod's default fusion {default:.1f} ms "

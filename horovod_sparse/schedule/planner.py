@@ -45,11 +45,13 @@ def channels_of(schedule):
 
 
 class Choice:
-    """A planned schedule: ``schedule`` (its name), ``plan`` (its ranges) and ``predicted``
-    ({schedule: simulated step end in seconds after backward starts})."""
+    """A planned schedule: ``schedule`` (its name), ``plan`` (its ranges), ``predicted``
+    ({schedule: simulated step end in seconds after backward starts}) and ``plans``
+    ({schedule: its ranges}, every schedule simulated: ``"auto"`` tries them in turn)."""
 
-    def __init__(self, schedule, plan, predicted):
+    def __init__(self, schedule, plan, predicted, plans=None):
         self.schedule, self.plan, self.predicted = schedule, plan, predicted
+        self.plans = {schedule: plan} if plans is None else plans
 
     def __repr__(self):
         return f"Choice({self.schedule!r}, {self.plan!r})"
@@ -71,4 +73,4 @@ def choose_plan(schedule, compute_times, sizes, cost, simultaneity=UNMEASURED_SI
         predicted[name] = simulate(ready, sizes, plans[name], cost, channels=channels,
                                    backward_end=backward_end, simultaneity=simultaneity).step_end
     best = min(predicted, key=predicted.get)
-    return Choice(best, plans[best], predicted)
+    return Choice(best, plans[best], predicted, plans)

@@ -38,6 +38,7 @@ gradients are in, while backward goes on (:mod:`horovod_sparse.torch.channels`);
 ``decompress`` waits for it.
 """
 import logging
+import time
 
 import horovod.torch as hvd
 import numpy as np
@@ -54,6 +55,7 @@ from horovod_sparse.sparse_adapter import SparseCompressorBase
 from horovod_sparse.torch.buckets import Bucket, FusedBuffer, StepSum, key_order  # noqa: F401  (re-exported)
 from horovod_sparse.torch.channels import BucketPlan, ChannelExchanges, open_channels
 from horovod_sparse.torch.profiling import ArrivalTrace, fit_exchange_cost
+from horovod_sparse.torch.trials import PlanTrials, candidates
 
 FUSED_KEY = "fused"
 log = logging.getLogger("horovod_sparse.schedule")
@@ -70,9 +72,13 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
             the whole step after backward), ``"wfbp"`` (one per gradient, each as soon as it
             is ready), ``"mgwfbp"`` (MG-WFBP's greedy merge), ``"optimal"`` (the exact
             dynamic program), ``"asc"`` (merged buckets on two simultaneous channels) or
-            ``"auto"`` (whichever the simulator predicts fastest from the measured costs).
+            ``"auto"`` (every distinct plan of those, the simulator's pick first, run for
+            1 + ``trial_steps`` steps each; the one measured fastest is kept).
         profile_steps: steps run after backward, timed, before a schedule's plan is made
             (integer >= 1, default 3; the first is left out of the trace as warm-up).
+        trial_steps: with ``"auto"``, timed steps each candidate plan runs (after one
+            warm-up step) before the fastest is kept (integer >= 1, default 5; each
+            candidate's median counts).
 
     The fused buffer is float32 on the gradients' device; results are written back in each
     gradient's own dtype and device. Use one instance per optimizer (with ``process_set=``,
@@ -89,13 +95,15 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
 
     ops = TorchOps()
 
-    def __init__(self, algorithm, dense_below=None, schedule="after_backward", profile_steps=3):
+    def __init__(self, algorithm, dense_below=None, schedule="after_backward", profile_steps=3, trial_steps=5):
         super().__init__(algorithm, *(() if dense_below is None else (dense_below,)))
         self.schedule = check_choice("schedule", schedule, SCHEDULES)
         self.profile_steps = check_positive_int("profile_steps", profile_steps)
+        self.trial_steps = check_positive_int("trial_steps", trial_steps)
         # this step's gradients, as compress hands them over
         self._position = 0
         self._step_finished = False
+        self._trial_start = None    # perf_counter at the first compress of a step "auto" is trying
         self._recorded = {}    # key -> gradient, this step
         self._frozen = {}      # key -> gradient of a frozen parameter, this step
         self._results = None   # the step's sum (StepSum or ChannelExchanges), after its exchange
@@ -104,6 +112,7 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         self._whole_step = Bucket(algorithm)
         self._channels = None       # ChannelExchanges, once planned
         self._trace = ArrivalTrace()  # gradient arrivals of the profiled steps
+        self._trials = None         # PlanTrials, while "auto" runs its candidate plans
         self._loaded_plan = None    # (BucketPlan, whole-buffer states) from a checkpoint, until the next step
         self.schedule_report = None
 
@@ -111,6 +120,8 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         if self._step_finished:
             self._position, self._step_finished = 0, False
             self._recorded, self._frozen, self._results = {}, {}, None
+            if self._trials is not None:
+                self._trial_start = time.perf_counter()
             if self._channels is not None:
                 self._channels.start_step()
         if not self._caller_checked:
@@ -155,6 +166,9 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         if self._channels is not None:
             results = self._channels.finish(self._recorded, self._frozen)
             self.sparsifiers = self._channels.pipelines()
+            # auto's trials time the part of a step a plan changes: first compress to the end of the exchanges
+            if self._trial_start is not None and self._trials.record(time.perf_counter() - self._trial_start):
+                self._next_trial()  # from the next step on; this step's sums stay with the exchanges that made them
             return results
         if self.schedule != "after_backward":
             self._trace.end_step()
@@ -178,7 +192,7 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
             fit = fit_exchange_cost(self.algorithm, order, self._recorded, channels, self.algorithm.name)
             report.update(fit_a_s=fit["cost"].a, fit_b_s_per_byte=fit["cost"].b, fit_r2=fit["r2"],
                           fit_points=fit["points"], simultaneity=fit["simultaneity"])
-        choice = None
+        plans = None
         if self.comm.Get_rank() == 0:
             sizes = [4 * self._recorded[k].numel() for k in order]
             if fit is None:
@@ -187,21 +201,63 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
                 # k2 below 1 (two at once faster than one alone) is noise: the channels share one link
                 extra = {} if fit["simultaneity"] is None else {"simultaneity": max(1.0, fit["simultaneity"])}
                 choice = choose_plan(self.schedule, compute, sizes, fit["cost"], tail_s=tail, **extra)
-            plan = BucketPlan.from_ranges(choice.plan, order)
+            named = candidates(choice, order) if self.schedule == "auto" else [(choice.schedule, choice.plan)]
+            plans = [(name, BucketPlan.from_ranges(ranges, order)) for name, ranges in named]
             report.update(predicted_s=choice.predicted, backward_s=sum(compute) + tail)
+        plans = self._broadcast_plans(plans, known)
+        name, plan = plans[0]
+        report.update(running=name, buckets=[list(keys) for keys in plan.keys], channels=list(plan.channels))
+        if len(plans) > 1:
+            self._trials = PlanTrials(plans, self.trial_steps)
+            report.update(chosen=None, trials=[{"schedule": n, "buckets": len(p.keys), "channels": p.channel_count,
+                                                "measured_s": None} for n, p in plans])
         else:
-            plan = None
-        plan = BucketPlan.broadcast(plan, self.comm, known)
-        chosen = np.array([PLANNED.index(choice.schedule) if choice else 0], dtype=np.int64)
-        self.comm.Bcast(chosen, root=0)
-        report.update(chosen=PLANNED[int(chosen[0])], buckets=[list(keys) for keys in plan.keys],
-                      channels=list(plan.channels))
+            report.update(chosen=name)
         self.schedule_report = report
         if self.comm.Get_rank() == 0:
             log.info("horovod_sparse %s schedule=%s: %s", self.algorithm.name, self.schedule, report)
         slices = self._whole_step.pipelines.state_dict()
         whole = slices.pop(PIPELINE_KEY, None)  # its step counter carries over to every bucket
         self._adopt(plan, [whole] * len(plan.keys), slices=slices, channels=channels)
+
+    def _broadcast_plans(self, plans, known):
+        """Rank 0's ``[(schedule name, BucketPlan)]`` on every rank (the others pass None)."""
+        names = np.array([] if plans is None else [PLANNED.index(n) for n, _ in plans], dtype=np.int64)
+        count = np.array([names.size], dtype=np.int64)
+        self.comm.Bcast(count, root=0)
+        if plans is None:
+            names = np.empty(int(count[0]), dtype=np.int64)
+        self.comm.Bcast(names, root=0)
+        return [(PLANNED[int(n)], BucketPlan.broadcast(None if plans is None else plans[i][1], self.comm, known))
+                for i, n in enumerate(names)]
+
+    def _next_trial(self):
+        """``"auto"``'s current candidate has run its steps: run the next one, or keep the
+        fastest measured (collective: every rank, the same step, the same choice)."""
+        trials, report = self._trials, self.schedule_report
+        if trials.finished:
+            following, medians = trials.decide(self.comm)  # the fastest
+            for row, seconds in zip(report["trials"], medians):
+                row["measured_s"] = seconds
+            self._trials = self._trial_start = None
+        else:
+            following = trials.index  # the next candidate
+        name, plan = trials.candidates[following]
+        report.update(running=name, buckets=[list(keys) for keys in plan.keys], channels=list(plan.channels))
+        if self._trials is None:
+            report["chosen"] = name
+            if self.comm.Get_rank() == 0:
+                log.info("horovod_sparse %s schedule=auto kept %s: %s", self.algorithm.name, name, report["trials"])
+        if plan != self._channels.plan:
+            self._switch(plan)
+
+    def _switch(self, plan):
+        """Exchange by ``plan`` from the next step on: each gradient keeps its residual; a
+        bucket of the same gradients as before keeps all its state, the others its step counter."""
+        slices, wholes = self._channels.state_dict()
+        old = dict(zip(self._channels.plan.keys, wholes))
+        step = max((w["step"] for w in wholes if w is not None and "step" in w), default=0)
+        self._adopt(plan, [old.get(keys) or {"step": step} for keys in plan.keys], slices=slices)
 
     def _adopt(self, plan, wholes, slices=None, channels=None):
         """Exchange by ``plan`` from the next step on; the buckets take the gradients' state."""
@@ -233,14 +289,16 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         plan = self._channels.plan
         return {**slices, PIPELINE_KEY: {"step": max(steps, default=0), "buckets": wholes[:len(plan.keys)],
                                          "plan": {"keys": [list(k) for k in plan.keys],
-                                                  "channels": list(plan.channels)}}}
+                                                  "channels": list(plan.channels),
+                                                  "settled": self._trials is None}}}
 
     def load_state_dict(self, state_dict):
         """Restore :meth:`state_dict`, now or at the first step; a gradient's state goes back to
         it by name, whatever the layout then. A saved plan is resumed if this compressor has a
-        schedule (not ``"after_backward"``)."""
+        schedule (not ``"after_backward"``); one saved while ``"auto"`` was still trying its
+        candidates is not: the residuals are, and the resumed run profiles and tries again."""
         whole = state_dict.get(PIPELINE_KEY) or {}
-        if "plan" in whole and self.schedule != "after_backward":
+        if "plan" in whole and whole["plan"].get("settled", True) and self.schedule != "after_backward":
             plan = BucketPlan(tuple(tuple(k) for k in whole["plan"]["keys"]), tuple(whole["plan"]["channels"]))
             slices = {k: v for k, v in state_dict.items() if k != PIPELINE_KEY}
             if self._channels is not None and self._channels.plan == plan:

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from horovod_sparse.bench.step import max_over_ranks
 from horovod_sparse.schedule.cost import CostModel, fit_simultaneity
 from horovod_sparse.torch.buckets import Bucket
 
@@ -83,14 +84,6 @@ def probe_lengths(n):
     return lengths + [n]
 
 
-def _max_seconds(comm, times):
-    times = np.array(times, dtype=np.float64)
-    out = np.empty_like(times)
-    from mpi4py import MPI
-    comm.Allreduce(times, out, op=MPI.MAX)
-    return out
-
-
 def _timed(comm, run, repeats):
     """Median over ``repeats`` (after one warm-up) of the slowest rank's seconds of ``run()``."""
     times = []
@@ -99,7 +92,7 @@ def _timed(comm, run, repeats):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return float(statistics.median(_max_seconds(comm, times)[1:]))
+    return float(statistics.median(max_over_ranks(comm, times)[1:]))
 
 
 def fit_exchange_cost(algorithm, order, gradients, channels, name, repeats=3):

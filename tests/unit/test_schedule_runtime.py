@@ -8,6 +8,7 @@ import horovod_sparse
 from horovod_sparse.schedule import PLANNED, CostModel, choose_plan, ready_times, simulate
 from horovod_sparse.torch.channels import BucketPlan
 from horovod_sparse.torch.profiling import FIRST_PROBE_BYTES, ArrivalTrace, probe_prefixes
+from horovod_sparse.torch.trials import PlanTrials, candidates
 
 
 def test_a_plan_survives_its_int64_wire_form():
@@ -76,6 +77,9 @@ def test_schedule_is_a_parameter_of_the_out_of_band_compressors_only():
         hvds.Compression.topk(schedule="fast")
     with pytest.raises(ValueError, match="profile_steps"):
         hvds.Compression.topk(schedule="wfbp", profile_steps=0)
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="trial_steps"):
+            hvds.Compression.topk(schedule="auto", trial_steps=bad)
     with pytest.raises(ValueError, match="fp16 has no parameter 'schedule'"):
         hvds.Compression.fp16(schedule="wfbp")
 
@@ -100,3 +104,33 @@ def test_probe_buffers_grow_geometrically_to_the_whole_step():
     assert lengths[0] == FIRST_PROBE_BYTES // 4 and lengths[-1] == 10_000_000
     assert all(b == PROBE_FACTOR * a for a, b in zip(lengths, lengths[1:-1]))
     assert probe_lengths(100) == [100]
+
+
+def test_auto_tries_each_distinct_plan_once_the_simulators_pick_first():
+    compute, sizes, line = [0.0, 0.01, 0.01, 0.01], [4e6] * 4, CostModel(a=1e-3, b=1e-9)
+    choice = choose_plan("auto", compute, sizes, line, simultaneity=1.5)
+    tried = candidates(choice, ["d", "c", "b", "a"])
+    names = [name for name, _ in tried]
+    assert names[0] == choice.schedule and set(names) <= set(PLANNED)
+    assert [choice.predicted[n] for n in names] == sorted(choice.predicted[n] for n in names)
+    plans = [tuple(tuple(b[:2]) + (b[2] if len(b) > 2 else 0,) for b in ranges) for _, ranges in tried]
+    assert len(set(plans)) == len(plans), "a plan is tried once"
+    every = {tuple(tuple(b[:2]) + (b[2] if len(b) > 2 else 0,) for b in r) for r in choice.plans.values()}
+    assert set(plans) == every, "every distinct plan is tried"
+
+
+def test_trials_keep_the_fastest_median_of_the_slowest_rank():
+    from mpi4py import MPI
+    trials = PlanTrials([("wfbp", "plan a"), ("mgwfbp", "plan b"), ("optimal", "plan c")], steps=3)
+    # per candidate: a warm-up step (not counted), then 3 timed ones
+    done = [trials.record(t) for t in (0.01, 0.30, 0.10, 0.12,   0.01, 0.11, 0.50, 0.09,   9.0, 0.20, 0.20, 0.20)]
+    assert done == [False, False, False, True] * 3 and trials.finished
+    best, medians = trials.decide(MPI.COMM_SELF)
+    assert medians == [0.12, 0.11, 0.20] and best == 1   # medians, not means (0.173 vs 0.233)
+    tie = PlanTrials([("wfbp", 1), ("mgwfbp", 2)], steps=1)
+    for seconds in (0.5, 0.1, 0.2, 0.1):
+        tie.record(seconds)
+    assert tie.decide(MPI.COMM_SELF)[0] == 0, "ties go to the earlier candidate"
+    with pytest.raises(ValueError, match="candidate"):
+        PlanTrials([], steps=1)
+

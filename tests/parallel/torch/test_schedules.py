@@ -37,6 +37,8 @@ def five_layers():
 
 
 def scheduled(spec, schedule, **kwargs):
+    if schedule == "auto":  # two steps per candidate plan (a warm-up, a timed one): the tests see it settle
+        kwargs.setdefault("trial_steps", 1)
     return hvds.Compression.from_spec(spec, schedule=schedule, dense_below=0, profile_steps=1, **kwargs)
 
 
@@ -76,29 +78,38 @@ def flat(model):
 
 class BucketOracle:
     """numpy pipelines of ``spec``: one over the whole step (sorted by name) until
-    :meth:`plan`, then one per bucket, each taking the whole step's residual slices of its
-    gradients and its step counter (what the compressor must do)."""
+    :meth:`plan`, then one per bucket. At each new plan every gradient's residual slices go
+    to its new bucket; a bucket of the same gradients in the same order as one before keeps
+    that one's whole state, the others take the step counter (what the compressor must do)."""
 
     def __init__(self, spec, comm, shapes):
         self.spec, self.comm, self.shapes = spec, comm, shapes
         self.buckets = [self._make(sorted(shapes))]
+
+    @property
+    def names(self):
+        return [[e.key for e in layout.entries] for layout, _ in self.buckets]
 
     def _make(self, names):
         layout = GradientLayout([(name, self.shapes[name], "float32") for name in names])
         return layout, horovod_sparse.create(self.spec).make_sparsifier(layout.n, self.comm, layout=layout)
 
     def plan(self, buckets):
-        (layout, whole), = self.buckets
-        slices, rest = cut(layout, whole.state_dict())
-        self.buckets = [self._make(names) for names in buckets]
+        slices, wholes = {}, {}
         for layout, reference in self.buckets:
+            cut_slices, rest = cut(layout, reference.state_dict())
+            slices.update(cut_slices)
+            wholes[tuple(e.key for e in layout.entries)] = rest
+            reference.close()
+        self.buckets = [self._make(names) for names in buckets]
+        for names, (layout, reference) in zip(buckets, self.buckets):
             state = reference.state_dict()
+            state.update(wholes.get(tuple(names), {}))
             for field in per_element_fields(state, layout.n):
                 state[field] = np.concatenate([slices[e.key][field] for e in layout.entries])
             if "step" in rest:
                 state["step"] = rest["step"]
             reference.load_state_dict(state)
-        whole.close()
 
     def check(self, reduced, grads):
         for layout, reference in self.buckets:
@@ -121,17 +132,21 @@ def test_every_schedule_equals_its_oracle_and_keeps_replicas_identical(spec, sch
     oracle = BucketOracle(spec, comm, {name: tuple(p.shape) for name, p in model.named_parameters()})
     start = flat(model).copy()
     try:
-        for step in range(STEPS):
+        for step in range(STEPS if schedule != "auto" else 2 + 2 * len(PLANNED)):
             grads = local_gradients(model, step)
             oracle.check(train_step(model, opt, step), grads)
-            if step == 0:  # planned at the end of the profiled step
-                report = compression.schedule_report
-                assert report["schedule"] == schedule and report["chosen"] in PLANNED
-                assert sorted(k for keys in report["buckets"] for k in keys) == sorted(oracle.shapes)
-                assert set(report["channels"]) <= ({0, 1} if report["chosen"] == "asc" else {0})
-                if schedule == "wfbp":
-                    assert len(report["buckets"]) == len(oracle.shapes)
+            report = compression.schedule_report  # planned at the end of the profiled step 0
+            assert report["schedule"] == schedule and report["running"] in PLANNED
+            assert sorted(k for keys in report["buckets"] for k in keys) == sorted(oracle.shapes)
+            assert set(report["channels"]) <= ({0, 1} if report["running"] == "asc" else {0})
+            if schedule == "wfbp":
+                assert len(report["buckets"]) == len(oracle.shapes)
+            if schedule != "auto":
+                assert report["chosen"] == schedule
+            if report["buckets"] != oracle.names:  # the plan after profiling, or auto's next candidate
+                assert step == 0 or schedule == "auto", "only auto changes its plan after planning"
                 oracle.plan(report["buckets"])
+        assert report["chosen"] in PLANNED, "auto settles after two steps per candidate"
         timeline = compression.last_step_timeline()   # the last step: every bucket, in order of time
         assert [b["bucket"] for b in timeline["buckets"]] == list(range(len(report["buckets"])))
         assert len(timeline["arrived"]) == len(oracle.shapes) and timeline["arrived"][0] == 0.0
@@ -187,6 +202,85 @@ def test_a_checkpoint_resumes_the_same_buckets_bit_for_bit(spec, schedule, asser
     again.close()
     np.testing.assert_array_equal(flat(resumed), flat(model))
     assert_identical_across_ranks(flat(resumed))
+
+
+def settle(model, opt, compression, step):
+    """Train from ``step`` until auto has kept a plan; returns the next step."""
+    while compression.schedule_report is None or compression.schedule_report["chosen"] is None:
+        train_step(model, opt, step)
+        step += 1
+    return step
+
+
+@pytest.mark.timeout(240)
+def test_auto_runs_each_candidate_then_keeps_the_fastest_measured(assert_identical_across_ranks):
+    model, compression = five_layers(), scheduled("topk:density=0.05", "auto", trial_steps=2)
+    opt = distributed(model, compression)
+    train_step(model, opt, 0)  # profiled and planned: the candidates run from the next step
+    report = compression.schedule_report
+    candidates = [t["schedule"] for t in report["trials"]]
+    assert len(candidates) >= 2 and len(set(candidates)) == len(candidates)  # one bucket and wfbp differ here
+    if hvd.rank() == 0:  # where the plans are made
+        assert report["predicted_s"][candidates[0]] == min(report["predicted_s"].values())  # the simulator's pick first
+    ran = []
+    for step in range(1, 1 + 3 * len(candidates)):  # a warm-up step and 2 timed ones each
+        assert report["chosen"] is None
+        ran.append(report["running"])
+        train_step(model, opt, step)
+    assert ran == [name for name in candidates for _ in range(3)]
+    measured = {t["schedule"]: t["measured_s"] for t in report["trials"]}
+    assert all(seconds > 0 for seconds in measured.values())
+    assert report["chosen"] == report["running"] == min(measured, key=measured.get)
+    assert_identical_across_ranks(np.array([PLANNED.index(report["chosen"])] + list(measured.values())))
+    kept = copy.deepcopy(report["buckets"])
+    for step in range(step + 1, step + 4):
+        train_step(model, opt, step)
+        assert report["buckets"] == kept and report["chosen"] == min(measured, key=measured.get)
+    compression.close()
+    assert_identical_across_ranks(flat(model))
+
+
+@pytest.mark.timeout(240)
+def test_auto_resumes_its_kept_plan_bit_for_bit_and_tries_again_if_saved_before(assert_identical_across_ranks):
+    spec = "topk:density=0.05"
+    model, compression = five_layers(), scheduled(spec, "auto")
+    opt = distributed(model, compression)
+    train_step(model, opt, 0)
+    trying = copy.deepcopy(compression.state_dict())
+    assert trying["(fused)"]["plan"]["settled"] is False
+    step = settle(model, opt, compression, 1)
+    saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()),
+             copy.deepcopy(compression.state_dict()))
+    assert saved[2]["(fused)"]["plan"]["settled"] is True
+    for s in range(step, step + 3):
+        train_step(model, opt, s)
+    compression.close()
+
+    resumed, again = five_layers(), scheduled(spec, "auto")
+    resumed.load_state_dict(saved[0])
+    opt = distributed(resumed, again)
+    opt.load_state_dict(saved[1])
+    again.load_state_dict(saved[2])
+    for s in range(step, step + 3):
+        train_step(resumed, opt, s)
+    assert again.schedule_report is None, "a settled plan is resumed as it was"
+    again.close()
+    np.testing.assert_array_equal(flat(resumed), flat(model))
+    assert_identical_across_ranks(flat(resumed))
+
+    # saved while trying: the residuals come back, and the run profiles and tries again
+    third = scheduled(spec, "auto")
+    third.load_state_dict(trying)
+    for name, fields in third.state_dict().items():
+        if name != "(fused)":
+            for field, value in fields.items():
+                np.testing.assert_array_equal(value, trying[name][field], err_msg=f"{name} {field}")
+    twin = five_layers()
+    opt = distributed(twin, third)
+    train_step(twin, opt, 1)
+    assert third.schedule_report is not None and third.schedule_report["chosen"] is None
+    third.close()
+    assert_identical_across_ranks(flat(twin))
 
 
 @pytest.mark.timeout(120)
