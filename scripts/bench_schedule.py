@@ -683,7 +683,7 @@ def markdown_compressor(recs):
                      and (x.get("schedule_report") or {}).get("trials")), None)
         if auto is not None:
             tried = ", ".join(f"`{t['schedule']}` {t['measured_s'] * 1e3:.1f}" for t in auto["trials"])
-            out.append(f"- {link}: `auto` tried (median of {TRIAL_STEPS} steps, first compress to last exchange, "
+            out.append(f"- {link}: `auto` tried (median step period of {TRIAL_STEPS} timed steps, slowest rank, "
                        f"ms): {tried}; kept `{auto['chosen']}`")
         default = next((x["measured_ms"] for x in recs if x["link"] == link and x["schedule"] == "default"), None)
         if default is not None and "auto" in ref:

@@ -38,6 +38,7 @@ gradients are in, while backward goes on (:mod:`horovod_sparse.torch.channels`);
 ``decompress`` waits for it.
 """
 import logging
+import statistics
 import time
 
 import horovod.torch as hvd
@@ -78,7 +79,7 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
             (integer >= 1, default 3; the first is left out of the trace as warm-up).
         trial_steps: with ``"auto"``, timed steps each candidate plan runs (after one
             warm-up step) before the fastest is kept (integer >= 1, default 5; each
-            candidate's median counts).
+            candidate's median step period counts).
 
     The fused buffer is float32 on the gradients' device; results are written back in each
     gradient's own dtype and device. Use one instance per optimizer (with ``process_set=``,
@@ -103,7 +104,7 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         # this step's gradients, as compress hands them over
         self._position = 0
         self._step_finished = False
-        self._trial_start = None    # perf_counter at the first compress of a step "auto" is trying
+        self._trial_start = None    # perf_counter at the first compress of the step "auto" is trying
         self._recorded = {}    # key -> gradient, this step
         self._frozen = {}      # key -> gradient of a frozen parameter, this step
         self._results = None   # the step's sum (StepSum or ChannelExchanges), after its exchange
@@ -120,8 +121,11 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         if self._step_finished:
             self._position, self._step_finished = 0, False
             self._recorded, self._frozen, self._results = {}, {}, None
-            if self._trials is not None:
-                self._trial_start = time.perf_counter()
+            if self._trials is not None:  # the step before has ended: its period is known
+                now = time.perf_counter()
+                if self._trial_start is not None:
+                    self._trials.record(now - self._trial_start)
+                self._trial_start = now
             if self._channels is not None:
                 self._channels.start_step()
         if not self._caller_checked:
@@ -166,8 +170,7 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         if self._channels is not None:
             results = self._channels.finish(self._recorded, self._frozen)
             self.sparsifiers = self._channels.pipelines()
-            # auto's trials time the part of a step a plan changes: first compress to the end of the exchanges
-            if self._trial_start is not None and self._trials.record(time.perf_counter() - self._trial_start):
+            if self._trials is not None and (self._trials.finished or self._trials.step_ran()):
                 self._next_trial()  # from the next step on; this step's sums stay with the exchanges that made them
             return results
         if self.schedule != "after_backward":
@@ -236,9 +239,9 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         fastest measured (collective: every rank, the same step, the same choice)."""
         trials, report = self._trials, self.schedule_report
         if trials.finished:
-            following, medians = trials.decide(self.comm)  # the fastest
-            for row, seconds in zip(report["trials"], medians):
-                row["measured_s"] = seconds
+            following, timed = trials.decide(self.comm)  # the fastest
+            for row, steps in zip(report["trials"], timed):
+                row.update(measured_s=statistics.median(steps), steps_s=steps)
             self._trials = self._trial_start = None
         else:
             following = trials.index  # the next candidate
@@ -248,8 +251,11 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
             report["chosen"] = name
             if self.comm.Get_rank() == 0:
                 log.info("horovod_sparse %s schedule=auto kept %s: %s", self.algorithm.name, name, report["trials"])
+        started = time.perf_counter()
         if plan != self._channels.plan:
             self._switch(plan)
+        if self._trial_start is not None:  # the switch is no part of the step's period
+            self._trial_start += time.perf_counter() - started
 
     def _switch(self, plan):
         """Exchange by ``plan`` from the next step on: each gradient keeps its residual; a

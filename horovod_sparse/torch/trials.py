@@ -8,18 +8,22 @@ fitted costs (measured with nothing else running) can rank the plans wrongly
 1. Candidates: the distinct plans of the planned schedules, the simulator's pick first,
    then in order of predicted step end (:func:`candidates`).
 2. Each runs one warm-up step (new buckets make their pipelines, and a sparsifier's first
-   step computes its threshold exactly), then ``steps`` timed steps. A step's time is the
-   part of it a plan changes: from the step's first ``compress`` to the end of its
-   exchanges (its first ``decompress``), on this rank.
-3. After the last candidate's last step, one ``Allreduce(MAX)`` of every rank's times:
-   every rank has the same numbers (a step is as slow as its slowest rank), takes the median
-   per candidate and keeps the smallest (ties to the earlier). No broadcast: the choice is
-   the same on every rank because its inputs are.
+   step computes its threshold exactly), then ``steps`` timed steps. A step's time is its
+   whole period on this rank, from its first ``compress`` to the next step's: forward,
+   backward, the exchanges, Horovod's own synchronize and the optimizer, all of which a
+   plan can slow down (the end of the exchanges alone ranked plans wrongly here). So a
+   step is timed when the next one starts (:meth:`PlanTrials.record`), and the last
+   candidate runs one step more, untimed, while its last period comes in.
+3. Then one ``Allreduce(MAX)`` of every rank's times: every rank has the same numbers (a
+   step is as slow as its slowest rank), takes the median per candidate and keeps the
+   smallest (ties to the earlier). No broadcast: the choice is the same on every rank
+   because its inputs are.
 
     trials = PlanTrials([("mgwfbp", plan_a), ("wfbp", plan_b)], steps=3)
-    trials.record(0.120)              # a step of plan_a; True once its 1 + 3 steps are in
+    trials.step_ran()                 # a step's exchanges are done; True: switch to trials.index
+    trials.record(0.120)              # the period of the step before, timed as the next begins
     ...
-    best, medians = trials.decide(comm)   # collective, after trials.finished
+    best, timed = trials.decide(comm)     # collective, once trials.finished
 """
 import statistics
 
@@ -54,30 +58,44 @@ class PlanTrials:
             raise ValueError("auto needs at least one candidate plan")
         self.candidates = list(candidates)
         self.steps = steps
-        self.times = []  # seconds per step, candidate after candidate, warm-up steps included
+        self.ran = 0     # steps run so far
+        self.times = []  # their periods, seconds, warm-up steps included (the last comes a step late)
 
     @property
     def per_candidate(self):
         return WARMUP_STEPS + self.steps
 
     @property
+    def total(self):
+        return self.per_candidate * len(self.candidates)
+
+    @property
     def index(self):
-        """The candidate now running."""
-        return min(len(self.times) // self.per_candidate, len(self.candidates) - 1)
+        """The candidate the next step runs."""
+        return min(self.ran // self.per_candidate, len(self.candidates) - 1)
 
     @property
     def finished(self):
-        return len(self.times) >= self.per_candidate * len(self.candidates)
+        """Every candidate's every period is in: :meth:`decide`."""
+        return len(self.times) >= self.total
+
+    def step_ran(self):
+        """A step's exchanges are done; True when its candidate has run all its steps and
+        the next candidate takes over (not after the last: it runs on, untimed)."""
+        self.ran += 1
+        return self.ran % self.per_candidate == 0 and self.ran < self.total
 
     def record(self, seconds):
-        """One step of the current candidate took ``seconds``; True when its steps are all in."""
-        self.times.append(float(seconds))
-        return len(self.times) % self.per_candidate == 0
+        """The period of the step before, timed as the next begins."""
+        if not self.finished:
+            self.times.append(float(seconds))
 
     def decide(self, comm):
-        """Collective: ``(index of the fastest candidate, [median seconds of its timed steps
-        per candidate])``, the same on every rank of ``comm``."""
+        """Collective: ``(index of the fastest candidate, [seconds of each timed step, slowest
+        rank, per candidate])``, the same on every rank of ``comm``; the fastest has the
+        smallest median."""
         slowest = max_over_ranks(comm, self.times).tolist()
-        medians = [statistics.median(slowest[i * self.per_candidate + WARMUP_STEPS:(i + 1) * self.per_candidate])
-                   for i in range(len(self.candidates))]
-        return min(range(len(medians)), key=medians.__getitem__), medians
+        timed = [slowest[i * self.per_candidate + WARMUP_STEPS:(i + 1) * self.per_candidate]
+                 for i in range(len(self.candidates))]
+        medians = [statistics.median(steps) for steps in timed]
+        return min(range(len(medians)), key=medians.__getitem__), timed

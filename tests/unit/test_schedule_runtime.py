@@ -122,14 +122,21 @@ def test_auto_tries_each_distinct_plan_once_the_simulators_pick_first():
 def test_trials_keep_the_fastest_median_of_the_slowest_rank():
     from mpi4py import MPI
     trials = PlanTrials([("wfbp", "plan a"), ("mgwfbp", "plan b"), ("optimal", "plan c")], steps=3)
-    # per candidate: a warm-up step (not counted), then 3 timed ones
-    done = [trials.record(t) for t in (0.01, 0.30, 0.10, 0.12,   0.01, 0.11, 0.50, 0.09,   9.0, 0.20, 0.20, 0.20)]
-    assert done == [False, False, False, True] * 3 and trials.finished
-    best, medians = trials.decide(MPI.COMM_SELF)
-    assert medians == [0.12, 0.11, 0.20] and best == 1   # medians, not means (0.173 vs 0.233)
+    # per candidate: a warm-up step (not counted), then 3 timed ones; the last runs on untimed
+    switches = [trials.step_ran() for _ in range(12)]
+    assert switches == [False, False, False, True] * 2 + [False] * 4 and trials.index == 2
+    for seconds in (0.01, 0.30, 0.10, 0.12,   0.01, 0.11, 0.50, 0.09,   9.0, 0.20, 0.20):
+        trials.record(seconds)
+        assert not trials.finished
+    trials.record(0.20)   # the last step's period, as the next step begins
+    assert trials.finished
+    trials.record(5.0)    # one more: not counted
+    best, timed = trials.decide(MPI.COMM_SELF)
+    assert timed == [[0.30, 0.10, 0.12], [0.11, 0.50, 0.09], [0.20, 0.20, 0.20]]
+    assert best == 1   # the smallest median (0.12, 0.11, 0.20), not mean (0.173, 0.233, 0.20)
     tie = PlanTrials([("wfbp", 1), ("mgwfbp", 2)], steps=1)
     for seconds in (0.5, 0.1, 0.2, 0.1):
-        tie.record(seconds)
+        tie.step_ran(), tie.record(seconds)
     assert tie.decide(MPI.COMM_SELF)[0] == 0, "ties go to the earlier candidate"
     with pytest.raises(ValueError, match="candidate"):
         PlanTrials([], steps=1)
