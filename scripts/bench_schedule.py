@@ -699,7 +699,9 @@ def plot_timelines(recs, png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = sorted((r for r in recs if r.get("timeline")), key=lambda x: COMPRESSOR_SCHEDULES.index(x["schedule"]))
+    links = list(dict.fromkeys(r["link"] for r in recs))
+    rows = sorted((r for r in recs if r.get("timeline")),
+                  key=lambda x: (links.index(x["link"]), COMPRESSOR_SCHEDULES.index(x["schedule"])))
     if not rows:
         return False
     fig, axes = plt.subplots(len(rows), 1, figsize=(9, 1.3 + 1.0 * len(rows)), sharex=True, squeeze=False)
@@ -716,11 +718,12 @@ def plot_timelines(recs, png):
         ax.set_yticks([-0.6] + channels, ["backward"] + [f"channel {c}" for c in channels], fontsize=7)
         ax.set_ylim(-1.1, max(channels) + 0.5)
         rep = r.get("schedule_report") or {}
-        ax.set_title(f"{r['schedule']} (ran as {rep.get('chosen', r['schedule'])}): step {r['measured_ms']:.0f} ms "
+        ax.set_title(f"{r['link']}, {r['schedule']} (ran as {rep.get('chosen', r['schedule'])}): step {r['measured_ms']:.0f} ms "
                      "median", fontsize=8, loc="left")
     axes[-1, 0].set_xlabel("ms after the first gradient arrived (ticks: gradients at compress; grey: waiting "
                            "for the channel; colour: exchange; dotted: first decompress)", fontsize=7)
-    fig.suptitle(f"{rows[0]['compressor']}, P = {rows[0]['np']}, {rows[0]['link']}: one step per schedule", fontsize=9)
+    links = ", ".join(dict.fromkeys(r["link"] for r in rows))
+    fig.suptitle(f"{rows[0]['compressor']}, P = {rows[0]['np']}, {links}: one step per schedule", fontsize=9)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
     fig.savefig(png, dpi=110)
