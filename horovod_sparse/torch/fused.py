@@ -307,6 +307,7 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         if "plan" in whole and whole["plan"].get("settled", True) and self.schedule != "after_backward":
             plan = BucketPlan(tuple(tuple(k) for k in whole["plan"]["keys"]), tuple(whole["plan"]["channels"]))
             slices = {k: v for k, v in state_dict.items() if k != PIPELINE_KEY}
+            self._trials = self._trial_start = None  # a settled plan: auto does not go on trying
             if self._channels is not None and self._channels.plan == plan:
                 self._channels.load_state_dict(slices, whole["buckets"])
             else:  # planned at the next compress, where the communicator is known
