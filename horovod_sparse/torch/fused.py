@@ -204,8 +204,8 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
                 # k2 below 1 (two at once faster than one alone) is noise: the channels share one link
                 extra = {} if fit["simultaneity"] is None else {"simultaneity": max(1.0, fit["simultaneity"])}
                 choice = choose_plan(self.schedule, compute, sizes, fit["cost"], tail_s=tail, **extra)
-            named = candidates(choice, order) if self.schedule == "auto" else [(choice.schedule, choice.plan)]
-            plans = [(name, BucketPlan.from_ranges(ranges, order)) for name, ranges in named]
+            plans = (candidates(choice, order) if self.schedule == "auto"
+                     else [(choice.schedule, BucketPlan.from_ranges(choice.plan, order))])
             report.update(predicted_s=choice.predicted, backward_s=sum(compute) + tail)
         plans = self._broadcast_plans(plans, known)
         name, plan = plans[0]
@@ -262,8 +262,8 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         bucket of the same gradients as before keeps all its state, the others its step counter."""
         slices, wholes = self._channels.state_dict()
         old = dict(zip(self._channels.plan.keys, wholes))
-        step = max((w["step"] for w in wholes if w is not None and "step" in w), default=0)
-        self._adopt(plan, [old.get(keys) or {"step": step} for keys in plan.keys], slices=slices)
+        step = {"step": step_of(wholes)}
+        self._adopt(plan, [old.get(keys) or step for keys in plan.keys], slices=slices)
 
     def _adopt(self, plan, wholes, slices=None, channels=None):
         """Exchange by ``plan`` from the next step on; the buckets take the gradients' state."""
@@ -291,9 +291,8 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         if self._channels is None:
             return self._whole_step.pipelines.state_dict()
         slices, wholes = self._channels.state_dict()
-        steps = [w["step"] for w in wholes if w is not None and "step" in w]
         plan = self._channels.plan
-        return {**slices, PIPELINE_KEY: {"step": max(steps, default=0), "buckets": wholes[:len(plan.keys)],
+        return {**slices, PIPELINE_KEY: {"step": step_of(wholes), "buckets": wholes[:len(plan.keys)],
                                          "plan": {"keys": [list(k) for k in plan.keys],
                                                   "channels": list(plan.channels),
                                                   "settled": self._trials is None}}}
@@ -324,6 +323,11 @@ class TorchOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
         if self._channels is not None:
             self._channels.close()
         self._whole_step.close()
+
+
+def step_of(wholes):
+    """The step counter of a plan's buckets (each bucket's whole-buffer state, or None)."""
+    return max((w["step"] for w in wholes if w is not None and "step" in w), default=0)
 
 
 #: the name it had when only sparsifiers used it

@@ -28,22 +28,21 @@ fitted costs (measured with nothing else running) can rank the plans wrongly
 import statistics
 
 from horovod_sparse.bench.step import max_over_ranks
+from horovod_sparse.torch.channels import BucketPlan
 
 #: steps each candidate runs before its timed steps
 WARMUP_STEPS = 1
 
 
 def candidates(choice, order):
-    """``[(schedule, ranges)]``: the distinct plans of ``choice``
-    (:class:`~horovod_sparse.schedule.planner.Choice`), fastest predicted first; a plan
-    that equals an earlier one is tried once, under the earlier one's name."""
-    seen, out = set(), []
+    """``[(schedule, BucketPlan)]``: the distinct plans of ``choice``
+    (:class:`~horovod_sparse.schedule.planner.Choice`) over the gradient keys ``order``
+    (backward order), fastest predicted first; a plan that equals an earlier one is tried
+    once, under the earlier one's name."""
+    out = {}
     for name in sorted(choice.predicted, key=lambda n: (choice.predicted[n], n != choice.schedule)):
-        ranges = tuple(tuple(b) + ((0,) if len(b) == 2 else ()) for b in choice.plans[name])
-        if ranges not in seen:
-            seen.add(ranges)
-            out.append((name, choice.plans[name]))
-    return out
+        out.setdefault(BucketPlan.from_ranges(choice.plans[name], order), name)
+    return [(name, plan) for plan, name in out.items()]
 
 
 class PlanTrials:

@@ -109,14 +109,16 @@ def test_probe_buffers_grow_geometrically_to_the_whole_step():
 def test_auto_tries_each_distinct_plan_once_the_simulators_pick_first():
     compute, sizes, line = [0.0, 0.01, 0.01, 0.01], [4e6] * 4, CostModel(a=1e-3, b=1e-9)
     choice = choose_plan("auto", compute, sizes, line, simultaneity=1.5)
-    tried = candidates(choice, ["d", "c", "b", "a"])
+    order = ["d", "c", "b", "a"]
+    tried = candidates(choice, order)
     names = [name for name, _ in tried]
     assert names[0] == choice.schedule and set(names) <= set(PLANNED)
     assert [choice.predicted[n] for n in names] == sorted(choice.predicted[n] for n in names)
-    plans = [tuple(tuple(b[:2]) + (b[2] if len(b) > 2 else 0,) for b in ranges) for _, ranges in tried]
+    plans = [plan for _, plan in tried]
     assert len(set(plans)) == len(plans), "a plan is tried once"
-    every = {tuple(tuple(b[:2]) + (b[2] if len(b) > 2 else 0,) for b in r) for r in choice.plans.values()}
+    every = {BucketPlan.from_ranges(ranges, order) for ranges in choice.plans.values()}
     assert set(plans) == every, "every distinct plan is tried"
+    assert all(plan.keys[0][0] == "d" for plan in plans), "over the keys in backward order"
 
 
 def test_trials_keep_the_fastest_median_of_the_slowest_rank():
