@@ -7,8 +7,9 @@ Horovod's ``compress(tensor)`` carries no name; everything else is here.
 import inspect
 
 from horovod_sparse import registry
+from horovod_sparse.agreement import check_same_on_every_rank, communicator_of
 from horovod_sparse.compressors.base import WIRE_DTYPE
-from horovod_sparse.horovod_checks import caller_process_set, check_same_on_every_rank, communicator_of
+from horovod_sparse.horovod_frames import caller_process_set
 from horovod_sparse.state import CompressorState
 
 
@@ -57,7 +58,8 @@ class CompressorAdapter:
 
     def agree_across_ranks(self):
         """Check once, on the ranks of the caller's process set, that all pass this compressor."""
-        check_same_on_every_rank(self.algorithm, communicator_of(caller_process_set()))
+        check_same_on_every_rank(self.algorithm.spec, communicator_of(caller_process_set()),
+                                 "compressors or parameters")
 
     def decompress(self, tensor, ctx):
         """The gradient from a reduced payload (Horovod's ``decompress``)."""
@@ -101,7 +103,7 @@ class CompressorAdapter:
 
     def bytes_sent_per_step(self, world_size):
         """Bytes this rank sends per step if Horovod's allreduce is a ring: 2(P-1)/P x payload."""
-        from horovod_sparse.sparse_adapter import ring_bytes
+        from horovod_sparse.out_of_band import ring_bytes
         return ring_bytes(self.payload_bytes_per_step, world_size)
 
     def __repr__(self):
@@ -116,7 +118,7 @@ def make_compression_namespace(adapter_cls, sparse_cls, doc):
     """A ``Compression`` class for one frontend: one factory per registered compressor.
 
     ``Compression.randomk(density=0.01)`` returns ``adapter_cls(RandomKCompressor(density=0.01))``;
-    out-of-band ones (``algorithm.fused``) get ``sparse_cls(algorithm, dense_below=..., schedule=...)``
+    out-of-band ones (``algorithm.out_of_band``) get ``sparse_cls(algorithm, dense_below=..., schedule=...)``
     instead (:data:`OUT_OF_BAND_PARAMETERS`).
     Each call makes a new instance (use one per optimizer).
     ``Compression.from_spec("topk:density=0.01")`` and ``Compression.available()`` do the same by name.
@@ -125,7 +127,7 @@ def make_compression_namespace(adapter_cls, sparse_cls, doc):
         # the frontend's own parameters, for the out-of-band compressors only
         own = {key: params.pop(key) for key in OUT_OF_BAND_PARAMETERS if key in params}
         algorithm = registry.create(name, **params)
-        if getattr(algorithm, "fused", False):
+        if getattr(algorithm, "out_of_band", False):
             unsupported = sorted(set(own) - set(inspect.signature(sparse_cls.__init__).parameters))
             if unsupported:
                 raise ValueError(f"{name}: parameter {unsupported[0]!r} is not supported by {sparse_cls.__name__} "
@@ -147,6 +149,14 @@ def make_compression_namespace(adapter_cls, sparse_cls, doc):
     return type("Compression", (), namespace)
 
 
+class _CompressorDoc:
+    """``Compression.<name>.__doc__`` is that compressor's own docstring, looked up when asked
+    for: making the ``Compression`` namespace imports no compressor module (nor mpi4py)."""
+
+    def __get__(self, factory, owner):
+        return owner._class_doc if factory is None else registry.get(factory.name).__doc__
+
+
 class CompressorFactory:
     """``Compression.<name>``: call it to make a compressor, ``Compression.topk(density=0.01)``.
 
@@ -163,9 +173,11 @@ class CompressorFactory:
                                        compression=hvds.Compression.topk(density=0.01))
     """
 
+    _class_doc = __doc__
+    __doc__ = _CompressorDoc()
+
     def __init__(self, build, name):
         self._build, self.name = build, name
-        self.__doc__ = registry.get(name).__doc__
         self._shared = None  # the default instance of a stateless compressor, made on first use
 
     def __call__(self, **params):
@@ -173,7 +185,7 @@ class CompressorFactory:
 
     def _uncalled(self):
         cls = registry.get(self.name)
-        if cls.stateful or getattr(cls, "fused", False):
+        if cls.stateful or getattr(cls, "out_of_band", False):
             example = ", ".join(f"{p.name}={p.default!r}" for p in
                                 list(inspect.signature(cls.__init__).parameters.values())[1:2])
             raise TypeError(f"Compression.{self.name} was passed without calling it: it keeps state per "

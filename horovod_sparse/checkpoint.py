@@ -22,21 +22,31 @@ Example (PyTorch)::
 
 A resume on a different number of ranks is refused (``ValueError`` on every rank),
 since residuals belong to ranks; ``reset_on_resize=True`` starts the residuals and step
-counters from zero instead.
+counters from zero instead. So is a state that is not one :func:`gather_state` made, one
+of another compressor, and one a rank cannot load: every rank raises the same error, and
+none is left waiting in a collective. The format is :mod:`horovod_sparse.state_format`
+(numbers, strings and numeric arrays; the plan of a ``schedule=`` included).
 """
-import io
-import json
-
 import numpy as np
 
-_FORMAT = 1
+from horovod_sparse import state_format
+from horovod_sparse.agreement import communicator_of, raise_on_every_rank
+
+#: formats scatter_state reads: 1 (before the plan of a schedule could be saved) is a subset of 2
+READABLE_FORMATS = (1, state_format.FORMAT)
 
 
 def gather_state(compression, comm=None, root=0):
     """Every rank's ``compression.state_dict()`` on ``root`` as ``{"format", "world_size",
-    "compressor", "ranks": [state of rank 0, ...]}``; None on the other ranks. Collective."""
-    comm = _world(comm)
-    blob = _encode(compression.state_dict())
+    "compressor", "algorithm", "ranks": [state of rank 0, ...]}``; None on the other ranks.
+    Collective; a rank whose state cannot be saved makes every rank raise the same ValueError."""
+    comm = communicator_of(None) if comm is None else comm
+    blob, problem = np.empty(0, np.uint8), None
+    try:
+        blob = state_format.encode(compression.state_dict())
+    except ValueError as e:
+        problem = f"gather_state: {e}"
+    raise_on_every_rank(comm, problem)
     lengths = np.empty(comm.Get_size(), np.int64)
     comm.Allgather(np.array([blob.size], np.int64), lengths)
     gathered = np.empty(int(lengths.sum()), np.uint8) if comm.Get_rank() == root else None
@@ -44,83 +54,64 @@ def gather_state(compression, comm=None, root=0):
     if comm.Get_rank() != root:
         return None
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    return {"format": _FORMAT, "world_size": comm.Get_size(), "compressor": repr(compression),
-            "ranks": [_decode(gathered[offsets[r]:offsets[r + 1]]) for r in range(comm.Get_size())]}
+    return {"format": state_format.FORMAT, "world_size": comm.Get_size(), "compressor": repr(compression),
+            "algorithm": _algorithm_name(compression),
+            "ranks": [state_format.decode(gathered[offsets[r]:offsets[r + 1]]) for r in range(comm.Get_size())]}
 
 
 def scatter_state(compression, state, comm=None, root=0, reset_on_resize=False):
     """Load rank r's part of ``state`` (what :func:`gather_state` returned, given on ``root``;
     ignored elsewhere) into ``compression`` on every rank r. Collective.
 
-    Raises ValueError on every rank if the state is malformed or was saved on another
-    number of ranks (unless ``reset_on_resize``: then nothing is loaded and the residuals
-    start from zero, on every rank)."""
-    comm = _world(comm)
+    Raises the same ValueError on every rank if the state is malformed, was saved for another
+    compressor, or was saved on another number of ranks (unless ``reset_on_resize``: then
+    nothing is loaded and the residuals start from zero, on every rank), or if a rank cannot
+    load its part."""
+    comm = communicator_of(None) if comm is None else comm
     size, rank = comm.Get_size(), comm.Get_rank()
-    # 1. The root checks and tells everyone the outcome first, so no rank waits alone.
-    status = np.zeros(2, np.int64)  # (problem code, saved world size)
+    # 1. The root checks the whole state and encodes each rank's part; every rank hears the outcome.
+    blobs, problem, resized = None, None, np.zeros(1, np.int64)
     if rank == root:
-        status[:] = _check(state, size)
-    comm.Bcast(status, root=root)
-    problem, saved_size = int(status[0]), int(status[1])
-    if problem == 2 and reset_on_resize:
+        problem, resized[0] = _check(state, size, _algorithm_name(compression))
+        if problem is None:
+            try:
+                blobs = [state_format.encode(part) for part in state["ranks"]]
+            except ValueError as e:
+                problem = f"scatter_state: the compressor state is damaged: {e}"
+    comm.Bcast(resized, root=root)
+    if resized[0] and reset_on_resize:
         return
-    if problem:
-        raise ValueError(
-            "scatter_state: the compressor state is not one gather_state() made" if problem == 1 else
-            f"scatter_state: the compressor state was saved on {saved_size} ranks, this job has {size}: "
-            "residuals belong to ranks. Pass reset_on_resize=True to start them from zero instead")
-    # 2. Each rank gets its own bytes.
-    blobs = [_encode(part) for part in state["ranks"]] if rank == root else None
+    raise_on_every_rank(comm, problem)
+    # 2. Each rank gets its own bytes and loads them.
     lengths = np.array([b.size for b in blobs], np.int64) if rank == root else np.empty(size, np.int64)
     comm.Bcast(lengths, root=root)
     mine = np.empty(int(lengths[rank]), np.uint8)
     comm.Scatterv((np.concatenate(blobs), lengths) if rank == root else None, mine, root=root)
-    compression.load_state_dict(_decode(mine))
-
-
-def _check(state, size):
+    problem = None
     try:
-        if int(state["format"]) != _FORMAT or len(state["ranks"]) != int(state["world_size"]):
-            return 1, 0
-        return (0 if int(state["world_size"]) == size else 2), int(state["world_size"])
+        compression.load_state_dict(state_format.decode(mine))
+    except (ValueError, KeyError, TypeError) as e:
+        problem = f"scatter_state: this rank's part of the compressor state cannot be loaded: {e}"
+    raise_on_every_rank(comm, problem)
+
+
+def _check(state, size, algorithm):
+    """``(problem or None, 1 if the state is sound but saved on another number of ranks)``."""
+    try:
+        saved_size = int(state["world_size"])
+        if int(state["format"]) not in READABLE_FORMATS or len(state["ranks"]) != saved_size:
+            raise ValueError
     except (KeyError, TypeError, ValueError):
-        return 1, 0
+        return "scatter_state: the compressor state is not one gather_state() made", 0
+    if state.get("algorithm", algorithm) != algorithm:
+        return (f"scatter_state: the compressor state was saved by {state['algorithm']!r}, "
+                f"this compressor is {algorithm!r}"), 0
+    if saved_size != size:
+        return (f"scatter_state: the compressor state was saved on {saved_size} ranks, this job has {size}: "
+                "residuals belong to ranks. Pass reset_on_resize=True to start them from zero instead"), 1
+    return None, 0
 
 
-def _world(comm):
-    if comm is None:
-        from horovod_sparse.horovod_checks import communicator_of
-        comm = communicator_of(None)
-    return comm
-
-
-# A state_dict is {key: {field: array or number or str}}, keys being ints (positions) or
-# strings: a JSON manifest records the keys and fields, the arrays go into an .npz.
-def _encode(state_dict):
-    manifest, arrays = [], {}
-    for i, (key, entry) in enumerate(state_dict.items()):
-        fields = []
-        for j, (name, value) in enumerate(entry.items()):
-            array_name = f"a{i}_{j}"
-            arrays[array_name] = np.asarray(value)
-            fields.append([name, array_name, type(value).__name__ if np.isscalar(value) else "array"])
-        manifest.append([type(key).__name__, str(key), fields])
-    buffer = io.BytesIO()
-    np.savez(buffer, manifest=np.frombuffer(json.dumps(manifest).encode(), np.uint8), **arrays)
-    return np.frombuffer(buffer.getvalue(), np.uint8)
-
-
-_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
-
-
-def _decode(blob):
-    with np.load(io.BytesIO(np.ascontiguousarray(blob).tobytes()), allow_pickle=False) as npz:
-        manifest = json.loads(npz["manifest"].tobytes().decode())
-        out = {}
-        for key_type, key, fields in manifest:
-            key = int(key) if key_type == "int" else key
-            out[key] = {name: (npz[array_name].copy() if kind == "array" else
-                               _SCALARS.get(kind, lambda v: v)(npz[array_name].item()))
-                        for name, array_name, kind in fields}
-        return out
+def _algorithm_name(compression):
+    algorithm = getattr(compression, "algorithm", None)
+    return getattr(algorithm, "name", type(compression).__name__)

@@ -21,34 +21,23 @@ PROG = "horovod-sparse"
 
 
 # ------------------------------------------------------------------ argument types
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _number(convert, noun, accepts, bound):
+    """An argparse type: ``convert(text)``, refused unless ``accepts(value)`` (``bound`` says
+    what is accepted)."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {noun}, got {text!r}") from None
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+    return parse
 
 
-def _positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _nonnegative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+_positive_int = _number(int, "a whole number", lambda v: v >= 1, ">= 1")
+_positive_float = _number(float, "a number", lambda v: 0 < v < float("inf"), "a finite number > 0")
+_nonnegative_float = _number(float, "a number", lambda v: 0 <= v < float("inf"), "a finite number >= 0")
 
 
 # --------------------------------------------------------------------------- parser
@@ -83,7 +72,7 @@ def build_parser():
     pr.add_argument("--name", help="model name stored in the trace (default: the factory's)")
     pr.add_argument("--np", type=_positive_int, metavar="P",
                     help="profile P ranks at once under mpirun on this machine (what P workers pay "
-                    "here: contention, the fused pipelines at P); the same as running "
+                    "here: contention, the out-of-band pipelines at P); the same as running "
                     "`mpirun -np P horovod-sparse profile ...`")
     pr.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -142,7 +131,7 @@ def cmd_list(_args, out):
                   if k != "self" and v.default is not inspect.Parameter.empty]
         doc = (inspect.getdoc(cls) or "").split("\n")[0]
         if name == "dense":  # plain "dense" names the baseline above; with parameters, ours out of band
-            rows.append(("dense:...", "fused", " ".join(params + ["schedule='after_backward'"]), doc))
+            rows.append(("dense:...", "out_of_band", " ".join(params + ["schedule='after_backward'"]), doc))
             continue
         rows.append((name, wire.carrier(name), " ".join(params), doc))
     width = max(len(r[0]) for r in rows)

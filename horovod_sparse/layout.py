@@ -2,10 +2,10 @@
 
 The sparse exchanges sum buffers position by position, so every rank must lay out
 the same gradients in the same order. The layout's ``tag`` (a CRC32 of keys, shapes
-and dtypes) is compared across ranks before each fused step (:func:`agree_on_layout`)
-and travels in the exchange engine's agreement header
-(:meth:`horovod_sparse.exchange.SparseAllreduce.allreduce`), so a rank whose layout
-differs raises an error on every rank instead of summing unrelated numbers.
+and dtypes) is compared across ranks before each out-of-band step
+(:func:`horovod_sparse.agreement.agree_on_layout`) and travels in the exchange engine's
+agreement header (:meth:`horovod_sparse.exchange.SparseAllreduce.allreduce`), so a rank
+whose layout differs raises an error on every rank instead of summing unrelated numbers.
 """
 import zlib
 from dataclasses import dataclass
@@ -24,7 +24,10 @@ class Entry:
 
 
 class GradientLayout:
-    """An ordered list of gradients (key, shape, dtype) packed back to back."""
+    """An ordered list of gradients (key, shape, dtype) packed back to back.
+
+    Example: ``GradientLayout([("fc.weight", (4, 4), "float32"), ("fc.bias", (4,), "float32")]).n == 20``.
+    """
 
     def __init__(self, items):
         self.entries = []
@@ -55,24 +58,3 @@ class GradientLayout:
         """Views of ``buffer`` for each entry, reshaped, in layout order."""
         return [buffer[e.offset:e.offset + e.size].reshape(e.shape) for e in self.entries]
 
-
-def agree_on_layout(layout, comm, what, refused=False, why=""):
-    """Raise ValueError on every rank of ``comm`` unless all ranks pass the same ``layout``
-    (compared by tag) and none ``refused`` to go on (then ``why``, the same text on every
-    rank, says why). One Allgather of 16 bytes: called before anything else collective of
-    a step, so that ranks whose gradients differ (a layer frozen on some ranks only) fail
-    together instead of waiting in different collectives.
-
-    Example: ``agree_on_layout(GradientLayout([("fc.weight", (4, 4), "float32")]), comm, "topk")``.
-    """
-    votes = np.empty((comm.Get_size(), 2), dtype=np.int64)
-    comm.Allgather(np.array([layout.tag, int(bool(refused))], dtype=np.int64), votes)
-    refusing = [r for r in range(votes.shape[0]) if votes[r, 1]]
-    if refusing:
-        raise ValueError(f"{what}: rank(s) {refusing}: {why}")
-    differing = [r for r in range(votes.shape[0]) if votes[r, 0] != votes[0, 0]]
-    if differing:
-        raise ValueError(
-            f"the ranks of {what} exchange different gradients: rank(s) {differing} differ from rank 0; "
-            f"rank {comm.Get_rank()} has [{layout.describe()}]. Every rank must compress the same "
-            "parameters (same shapes and dtypes), and freeze or unfreeze them at the same step")

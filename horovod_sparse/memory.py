@@ -1,22 +1,34 @@
 """What a pipeline remembers between steps: error feedback, DGC's momentum correction, or
-Signum's momentum (GRACE's *Memory*). Written once, used by every out-of-band pipeline.
+Signum's momentum (GRACE's *Memory*). One interface, :class:`Memory`, for every out-of-band
+pipeline.
 
 Every memory follows the same two-phase protocol, so that a step whose exchange fails
 (an :class:`~horovod_sparse.exchange.ExchangeError`) changes nothing:
 
 1. ``acc = memory.accumulate(grad)``: the vector to compress this step, written into a
    spare buffer (one pass over the gradient, no allocation); the state is untouched;
-2. after the exchange, ``memory.commit_cleared(acc, cleared)`` (sparsifiers: the values
-   at ``cleared`` were sent and consumed) or ``memory.commit_minus(acc, consumed)``
-   (quantizers, PowerSGD, FFT: the receivers got ``consumed``) makes what is left of
-   ``acc`` the new state, in place, and the old state's buffer becomes the next spare.
+2. only after the exchange succeeded, commit what was sent: ``memory.commit_cleared(acc,
+   cleared)`` (sparsifiers: the values at ``cleared`` were sent whole) or
+   ``memory.commit_minus(acc, consumed)`` (quantizers, PowerSGD, FFT: the receivers got
+   ``consumed``, a lossy copy of ``acc``) makes what is left of ``acc`` the new state, in
+   place, and the old state's buffer becomes the next spare. A failed exchange commits
+   nothing.
 
-Buffers live in the gradient's own library and device (numpy, or torch on CPU/CUDA):
-they are bound to it at the first ``accumulate``. Before that, and in
+Buffers are float32 and live in the gradient's own library and device (numpy, or torch
+on CPU/CUDA): they are bound to it at the first ``accumulate``. Before that, and in
 ``state_dict``/``load_state_dict``, the state is numpy.
 
 Conservation (error feedback): ``acc[cleared]`` plus the new residual is ``acc`` exactly;
 ``consumed`` plus the new residual is ``acc`` up to one float32 rounding of the subtraction.
+
+Random-k (:mod:`horovod_sparse.compressors.randomk`) does the same error feedback with the
+same arithmetic, ``acc = grad + residual`` then :func:`~horovod_sparse.ops.kernels.zero_at`
+where sent, but not through a :class:`Memory`: its residual is per-gradient slot state
+(``slot.residual``, ``slot.step``, saved by the frontends' ``state_dict``) in the
+gradient's wire dtype (float16 and float64 stay so; a memory is float32), a ``tf.Variable``
+inside TensorFlow graphs, so each framework's :class:`~horovod_sparse.ops.base.ArrayOps`
+stores it. It needs no spare buffer: its exchange is Horovod's allreduce, after
+``compress`` returns, so it commits (in place on torch) as soon as it has picked.
 
 Example::
 
@@ -29,47 +41,72 @@ import sys
 
 import numpy as np
 
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops.kernels import copy_into, zero_at
+from horovod_sparse.ops.namespace import backend, empty, is_torch
 
 VALUE_DTYPE = np.dtype(np.float32)
 
 
-class _Buffers:
-    """Named float32 state vectors of length ``n``, each with a spare twin for the next
-    step, kept in one library/device (see the module docstring)."""
+class Memory:
+    """The interface of a pipeline's memory (the protocol is in the module docstring).
 
-    def __init__(self, n, names):
+    n : buffer length (elements). The state is the float32 vectors named in
+    ``state_names``, each of length ``n`` with a spare twin for the next step.
+    """
+
+    state_names = ()
+
+    def __init__(self, n):
         self.n = int(n)
-        self.state = {name: np.zeros(self.n, VALUE_DTYPE) for name in names}
-        self.spare = {name: None for name in names}
+        self._state = {name: np.zeros(self.n, VALUE_DTYPE) for name in self.state_names}
+        self._spare = {name: None for name in self.state_names}
 
-    def bind(self, like):
-        """Move the state to ``like``'s library and device (a no-op once there)."""
-        for name, value in self.state.items():
-            if tensors.is_torch(like) != tensors.is_torch(value) or (
-                    tensors.is_torch(like) and value.device != like.device):
-                self.state[name] = _convert(value, like)
-                self.spare[name] = None
+    def accumulate(self, grad):
+        """The vector to compress this step (a spare buffer); the state is untouched."""
+        raise NotImplementedError
 
-    def spare_of(self, name):
-        if self.spare[name] is None:
-            self.spare[name] = tensors.empty(self.n, "float32", self.state[name])
-        return self.spare[name]
+    def accumulate_pieces(self, pieces):
+        """:meth:`accumulate` of the back-to-back concatenation of ``pieces`` (1-D float
+        arrays, n elements in all, e.g. a step's gradients), read where they are: one pass
+        instead of fusing them first."""
+        raise NotImplementedError(f"{type(self).__name__} accumulates whole buffers only")
 
-    def swap(self, name, new_state):
-        self.spare[name], self.state[name] = self.state[name], new_state
+    def commit_cleared(self, acc, cleared):
+        """The exchange succeeded and sent ``acc`` whole at the indices ``cleared``."""
+        raise NotImplementedError
+
+    def commit_minus(self, acc, consumed):
+        """The exchange succeeded and the receivers got ``consumed`` for ``acc``."""
+        raise NotImplementedError(f"{type(self).__name__} commits sparse selections only")
 
     def state_dict(self):
-        return {name: _numpy_copy(value) for name, value in self.state.items()}
+        """The state vectors by name, as float32 numpy copies."""
+        return {name: _numpy_copy(value) for name, value in self._state.items()}
 
     def load_state_dict(self, d):
-        state = {name: _checked(d, name, self.n) for name in self.state}
+        state = {name: _checked(d, name, self.n) for name in self._state}
         for name, value in state.items():
-            self.state[name] = value if not tensors.is_torch(self.state[name]) else _convert(value, self.state[name])
-            self.spare[name] = None
+            self._state[name] = _convert(value, self._state[name]) if is_torch(self._state[name]) else value
+            self._spare[name] = None
+
+    # -- the buffers: state, and a spare twin to write the next state into --------------
+    def _bind(self, like):
+        """Move the state to ``like``'s library and device (a no-op once there)."""
+        for name, value in self._state.items():
+            if is_torch(like) != is_torch(value) or (is_torch(like) and value.device != like.device):
+                self._state[name] = _convert(value, like)
+                self._spare[name] = None
+
+    def _spare_of(self, name):
+        if self._spare[name] is None:
+            self._spare[name] = empty(self.n, "float32", self._state[name])
+        return self._spare[name]
+
+    def _swap(self, name, new_state):
+        self._spare[name], self._state[name] = self._state[name], new_state
 
 
-class ErrorFeedback:
+class ErrorFeedback(Memory):
     """acc = grad + residual; residual = acc minus what was consumed.
 
     n : buffer length (elements).
@@ -77,54 +114,47 @@ class ErrorFeedback:
         and whatever is not sent is dropped.
     """
 
+    state_names = ("residual",)
+
     def __init__(self, n, enabled=True):
+        super().__init__(n)
         self.enabled = bool(enabled)
-        self._buffers = _Buffers(n, ["residual"])
 
     @property
     def residual(self):
-        return self._buffers.state["residual"]
+        return self._state["residual"]
 
     def accumulate(self, grad):
         if not self.enabled:
             return grad
-        self._buffers.bind(grad)
-        acc = self._buffers.spare_of("residual")
-        tensors.backend(grad).add(grad, self.residual, out=acc)
+        self._bind(grad)
+        acc = self._spare_of("residual")
+        backend(grad).add(grad, self.residual, out=acc)
         return acc
 
     def accumulate_pieces(self, pieces):
-        """:meth:`accumulate` of the back-to-back concatenation of ``pieces`` (1-D float
-        arrays, n elements in all, e.g. a step's gradients), read where they are: one pass
-        instead of fusing them first. Without error feedback acc is the pieces fused."""
-        self._buffers.bind(pieces[0])
-        acc = self._buffers.spare_of("residual")
-        lib = tensors.backend(acc)
+        """Without error feedback acc is the pieces fused."""
+        self._bind(pieces[0])
+        acc = self._spare_of("residual")
+        lib = backend(acc)
         for piece, part in _slices(pieces):
             if self.enabled:
                 lib.add(_float32(piece), self.residual[part], out=acc[part])
             else:
-                _copy_into(acc[part], piece)
+                copy_into(acc[part], piece)
         return acc
 
     def commit_cleared(self, acc, cleared):
         if self.enabled:
-            _zero_at(acc, cleared)
-            self._buffers.swap("residual", acc)
+            self._swap("residual", zero_at(acc, cleared))
 
     def commit_minus(self, acc, consumed):
         if self.enabled:
-            tensors.backend(acc).subtract(acc, consumed, out=acc)
-            self._buffers.swap("residual", acc)
-
-    def state_dict(self):
-        return self._buffers.state_dict()
-
-    def load_state_dict(self, d):
-        self._buffers.load_state_dict(d)
+            backend(acc).subtract(acc, consumed, out=acc)
+            self._swap("residual", acc)
 
 
-class MomentumCorrection:
+class MomentumCorrection(Memory):
     """DGC's momentum correction and momentum factor masking (Lin et al., ICLR 2018).
 
     u = momentum * u + grad  (the velocity, ``velocity``)
@@ -135,95 +165,78 @@ class MomentumCorrection:
     momentum lives here: train with plain SGD (momentum 0) on top of it.
     """
 
+    state_names = ("residual", "velocity")
     enabled = True
 
     def __init__(self, n, momentum):
+        super().__init__(n)
         self.momentum = float(momentum)
-        self._buffers = _Buffers(n, ["residual", "velocity"])
 
     @property
     def residual(self):
-        return self._buffers.state["residual"]
+        return self._state["residual"]
 
     @property
     def velocity(self):
-        return self._buffers.state["velocity"]
+        return self._state["velocity"]
 
     def accumulate(self, grad):
-        self._buffers.bind(grad)
-        lib = tensors.backend(grad)
-        u = self._buffers.spare_of("velocity")
-        lib.multiply(self.velocity, np.float32(self.momentum), out=u)
-        lib.add(u, grad, out=u)
-        acc = self._buffers.spare_of("residual")
+        self._bind(grad)
+        lib = backend(grad)
+        u = _momentum_step(lib, self.velocity, self.momentum, grad, out=self._spare_of("velocity"))
+        acc = self._spare_of("residual")
         lib.add(self.residual, u, out=acc)
         return acc
 
     def accumulate_pieces(self, pieces):
-        """:meth:`accumulate` of the back-to-back concatenation of ``pieces`` (see
-        :meth:`ErrorFeedback.accumulate_pieces`), slice by slice: the same float32 operations."""
-        self._buffers.bind(pieces[0])
-        u = self._buffers.spare_of("velocity")
-        acc = self._buffers.spare_of("residual")
-        lib = tensors.backend(acc)
+        """Slice by slice: the same float32 operations as :meth:`accumulate`."""
+        self._bind(pieces[0])
+        u = self._spare_of("velocity")
+        acc = self._spare_of("residual")
+        lib = backend(acc)
         for piece, part in _slices(pieces):
-            lib.multiply(self.velocity[part], np.float32(self.momentum), out=u[part])
-            lib.add(u[part], _float32(piece), out=u[part])
+            _momentum_step(lib, self.velocity[part], self.momentum, _float32(piece), out=u[part])
             lib.add(self.residual[part], u[part], out=acc[part])
         return acc
 
     def commit_cleared(self, acc, cleared):
-        u = self._buffers.spare["velocity"]
-        _zero_at(u, cleared)
-        _zero_at(acc, cleared)
-        self._buffers.swap("velocity", u)
-        self._buffers.swap("residual", acc)
-
-    def state_dict(self):
-        return self._buffers.state_dict()
-
-    def load_state_dict(self, d):
-        self._buffers.load_state_dict(d)
+        self._swap("velocity", zero_at(self._spare["velocity"], cleared))
+        self._swap("residual", zero_at(acc, cleared))
 
 
-class Momentum:
+class Momentum(Memory):
     """Signum's momentum: u = momentum * u + grad is what is sent; nothing is subtracted.
 
-    ``commit()`` keeps the new u (call it only once the exchange succeeded).
+    Whatever the exchange consumed, committing keeps the new u whole (call it only once
+    the exchange succeeded): :meth:`commit`, or either commit of :class:`Memory`.
     """
 
+    state_names = ("momentum_buffer",)
+
     def __init__(self, n, momentum):
+        super().__init__(n)
         self.momentum = float(momentum)
-        self._buffers = _Buffers(n, ["momentum_buffer"])
 
     @property
     def momentum_buffer(self):
-        return self._buffers.state["momentum_buffer"]
+        return self._state["momentum_buffer"]
 
     def accumulate(self, grad):
-        self._buffers.bind(grad)
-        lib = tensors.backend(grad)
-        u = self._buffers.spare_of("momentum_buffer")
-        lib.multiply(self.momentum_buffer, np.float32(self.momentum), out=u)
-        lib.add(u, grad, out=u)
-        return u
+        self._bind(grad)
+        return _momentum_step(backend(grad), self.momentum_buffer, self.momentum, grad,
+                              out=self._spare_of("momentum_buffer"))
 
-    def commit(self, u):
-        self._buffers.swap("momentum_buffer", u)
+    def commit(self, u, consumed=None):
+        self._swap("momentum_buffer", u)
 
-    def state_dict(self):
-        return self._buffers.state_dict()
-
-    def load_state_dict(self, d):
-        self._buffers.load_state_dict(d)
+    commit_minus = commit_cleared = commit
 
 
-def _zero_at(x, indices):
-    """``x[indices] = 0`` in place (torch's index_fill_ is ~2x faster than the indexed store)."""
-    if tensors.is_torch(x):
-        x.index_fill_(0, indices, 0)
-    else:
-        x[indices] = 0
+def _momentum_step(lib, u, momentum, grad, out):
+    """``out = momentum * u + grad`` in float32 (two in-place passes of ``lib``); returns ``out``."""
+    lib.multiply(u, np.float32(momentum), out=out)
+    lib.add(out, grad, out=out)
+    return out
 
 
 def _slices(pieces):
@@ -237,30 +250,23 @@ def _slices(pieces):
 def _float32(piece):
     """The piece as a float32 add must see it: float16/bfloat16 promote exactly, so they are
     used as they are; float64 is rounded to float32 first, as a fused float32 buffer would be."""
-    if tensors.is_torch(piece):
+    if is_torch(piece):
         return piece.float() if piece.dtype == sys.modules["torch"].float64 else piece
     return piece.astype(VALUE_DTYPE) if piece.dtype == np.float64 else piece
-
-
-def _copy_into(target, piece):
-    if tensors.is_torch(target):
-        target.copy_(piece)
-    else:
-        target[...] = piece
 
 
 def _convert(value, like):
     """``value`` (numpy or torch) as float32 in ``like``'s library and device; a one-time
     move of state, not per-step traffic, so it is not counted as host traffic."""
-    if tensors.is_torch(like):
+    if is_torch(like):
         import torch
-        t = value if tensors.is_torch(value) else torch.from_numpy(np.ascontiguousarray(value))
+        t = value if is_torch(value) else torch.from_numpy(np.ascontiguousarray(value))
         return t.to(device=like.device, dtype=torch.float32).contiguous()
     return _numpy_copy(value)
 
 
 def _numpy_copy(value):
-    if tensors.is_torch(value):
+    if is_torch(value):
         return value.detach().cpu().numpy().astype(VALUE_DTYPE, copy=True)
     return np.array(value, dtype=VALUE_DTYPE, copy=True)
 

@@ -1,31 +1,54 @@
 """Which compressors exist, and how a spec string such as ``"randomk:density=0.01"`` makes one.
 
 Framework-free: the frontends turn what :func:`create` returns into their own Horovod
-``Compressor``. Registered classes are those of :mod:`horovod_sparse.compressors`.
+``Compressor``. :data:`COMPRESSORS` is the table of every compressor, by name; a class is
+imported when first asked for, so listing the names imports nothing.
 """
+import importlib
 import inspect
 
-_REGISTRY = {}
-
-
-def register(cls):
-    """Class decorator: make ``cls`` (a :class:`~horovod_sparse.compressors.Compressor`) known by ``cls.name``."""
-    _REGISTRY[cls.name] = cls
-    return cls
+#: name -> "module:Class" of every compressor (the class's ``name`` is its key here).
+#: Adding a compressor: write its class in :mod:`horovod_sparse.compressors`, add a line.
+COMPRESSORS = {
+    "none": "horovod_sparse.compressors.cast:NoneCompressor",
+    "fp16": "horovod_sparse.compressors.cast:FP16Compressor",
+    "randomk": "horovod_sparse.compressors.randomk:RandomKCompressor",
+    "topk": "horovod_sparse.compressors.sparsifiers:TopKCompressor",
+    "oktopk": "horovod_sparse.compressors.sparsifiers:OkTopKCompressor",
+    "gaussiank": "horovod_sparse.compressors.sparsifiers:GaussianKCompressor",
+    "threshold": "horovod_sparse.compressors.sparsifiers:ThresholdCompressor",
+    "dgc": "horovod_sparse.compressors.sparsifiers:DGCCompressor",
+    "gtopk": "horovod_sparse.compressors.sparsifiers:GTopKCompressor",
+    "dense": "horovod_sparse.compressors.quantizers:DenseCompressor",
+    "bf16": "horovod_sparse.compressors.quantizers:BF16Compressor",
+    "qsgd": "horovod_sparse.compressors.quantizers:QSGDCompressor",
+    "terngrad": "horovod_sparse.compressors.quantizers:TernGradCompressor",
+    "signsgd": "horovod_sparse.compressors.quantizers:SignSGDCompressor",
+    "signum": "horovod_sparse.compressors.quantizers:SignumCompressor",
+    "efsignsgd": "horovod_sparse.compressors.quantizers:EFSignSGDCompressor",
+    "onebit": "horovod_sparse.compressors.quantizers:OneBitCompressor",
+    "powersgd": "horovod_sparse.compressors.powersgd:PowerSGDCompressor",
+    "fft": "horovod_sparse.compressors.fft:FFTCompressor",
+}
 
 
 def available():
-    """Sorted names of the registered compressors."""
-    _load()
-    return sorted(_REGISTRY)
+    """Sorted names of the compressors, read from :data:`COMPRESSORS` (nothing is imported).
+
+    Example: ``"topk" in available()``.
+    """
+    return sorted(COMPRESSORS)
 
 
 def get(name):
-    """The compressor class registered as ``name``; ValueError listing the names otherwise."""
-    _load()
-    if not isinstance(name, str) or name not in _REGISTRY:
+    """The compressor class named ``name``, imported on first use; ValueError listing the names otherwise.
+
+    Example: ``get("topk").__name__ == "TopKCompressor"``.
+    """
+    if not isinstance(name, str) or name not in COMPRESSORS:
         raise ValueError(f"compression name must be one of {available()}, got {name!r}")
-    return _REGISTRY[name]
+    module, _, cls = COMPRESSORS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def create(spec, **params):
@@ -72,6 +95,3 @@ def _parse_value(raw):
             pass
     return raw
 
-
-def _load():
-    import horovod_sparse.compressors  # noqa: F401  (registers the built-in compressors)

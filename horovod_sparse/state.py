@@ -2,7 +2,7 @@
 
 Horovod calls ``compress(tensor)`` without a name, so the frontends identify a
 gradient by its *slot key*: the parameter's name where the calling Horovod code shows
-it (PyTorch, :func:`~horovod_sparse.horovod_checks.caller_gradient`), else its position
+it (PyTorch, :func:`~horovod_sparse.horovod_frames.caller_gradient`), else its position
 in the step's sequence of ``compress`` calls (PyTorch) or in the traced graph
 (TensorFlow). A slot remembers its tensor's shape and dtype so that a change of order
 is caught (``ValueError``) rather than feeding one tensor's residual into another.

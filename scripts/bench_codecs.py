@@ -58,9 +58,9 @@ def parse_args():
 
 
 def fused_params(spec):
-    """The fused compressors' small-tensor policy does not apply to one big gradient anyway."""
+    """The out-of-band compressors' small-tensor policy does not apply to one big gradient anyway."""
     import horovod_sparse
-    return {"dense_below": 0} if getattr(horovod_sparse.create(spec), "fused", False) else {}
+    return {"dense_below": 0} if getattr(horovod_sparse.create(spec), "out_of_band", False) else {}
 
 
 def torch_round_trip(spec, gradient, same_gradient=False):

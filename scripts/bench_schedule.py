@@ -53,7 +53,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "scripts")]  # the package, and doc_block / bench_step beside this file
 
-from horovod_sparse.bench.step import _link, link_bps, max_over_ranks  # noqa: E402  (stdlib only at import)
+from horovod_sparse.agreement import max_over_ranks  # noqa: E402  (numpy only at import)
+from horovod_sparse.bench.step import _link, link_bps  # noqa: E402  (stdlib only at import)
 from doc_block import markers, replace_block  # noqa: E402
 
 #: What one run measures: Horovod's own fusion, then the one-channel plans.
@@ -160,7 +161,7 @@ def parse_args(argv=None):
     if a.compressor is not None:
         from horovod_sparse import registry
         try:
-            if not getattr(registry.create(a.compressor), "fused", False):
+            if not getattr(registry.create(a.compressor), "out_of_band", False):
                 p.error(f"--compressor {a.compressor}: only out-of-band compressors have schedules")
         except ValueError as e:
             p.error(f"--compressor: {e}")

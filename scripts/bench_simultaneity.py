@@ -64,7 +64,7 @@ def worker(a):
     import numpy as np
     from mpi4py import MPI
 
-    from horovod_sparse.bench.step import max_over_ranks
+    from horovod_sparse.agreement import max_over_ranks
     if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
         raise SystemExit("bench_simultaneity: MPI does not provide MPI_THREAD_MULTIPLE; channels need it")
     world = MPI.COMM_WORLD

@@ -25,7 +25,7 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 
 import horovod_sparse.torch as hvds
-from horovod_sparse.sparse_adapter import ring_bytes
+from horovod_sparse.out_of_band import ring_bytes
 
 DEFAULT_RUNS = ["dense", "none", "fp16", "randomk:density=0.1", "randomk:density=0.01",
                 "topk:density=0.01", "topk:density=0.01,error_feedback=false", "oktopk:density=0.01",

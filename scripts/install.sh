@@ -3,7 +3,9 @@
 #   1. Open MPI from Debian (when mpirun is missing),
 #   2. a virtualenv at .venv with pinned torch / TensorFlow / mpi4py / test tools,
 #   3. Horovod 0.28.1 built from its sdist (patched, cached wheel; scripts/build_horovod.sh),
-#   4. this package in editable mode,
+#   4. torchvision for the workloads' ResNet-18, without its compiled ops (cached wheel;
+#      scripts/build_torchvision.sh says why),
+#   5. this package in editable mode,
 # then checks that `horovodrun --check-build` lists MPI, PyTorch and TensorFlow.
 # A second run with a warm cache takes seconds.
 set -euo pipefail
@@ -47,7 +49,17 @@ if ! $PY -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERS
     $PY -m pip install -q cloudpickle psutil pyyaml packaging
 fi
 
-# -- 4. this package ---------------------------------------------------------
+# -- 4. torchvision ----------------------------------------------------------
+# (the metadata check is the stamp: no torch import, so a second run stays fast)
+tv_want=$TORCHVISION_VERSION+noops
+if ! $PY -c "import importlib.metadata as m, sys; sys.exit(m.version('torchvision') != '$tv_want')" 2>/dev/null; then
+    wheel=$(scripts/build_torchvision.sh)
+    log "installing $wheel"
+    # its dependencies (torch==$TORCH_VERSION, numpy, pillow) are already here: torch's +cpu build satisfies ==
+    $PY -m pip install -q "$wheel"
+fi
+
+# -- 5. this package ---------------------------------------------------------
 # (checked from / so that the checkout itself on sys.path does not count as installed;
 # setup.py's hash in the stamp reinstalls when its entry points or package data change)
 pkg_stamp=.venv/.pkg-$(sha1sum setup.py | cut -c1-12)
@@ -67,4 +79,6 @@ for want in "\[X\] MPI" "\[X\] PyTorch" "\[X\] TensorFlow"; do
         exit 1
     fi
 done
-log "ok: Horovod $HOROVOD_VERSION with MPI, PyTorch and TensorFlow in .venv"
+$PY -c "import torchvision.models; torchvision.models.resnet18(num_classes=10)" || {
+    echo "error: torchvision does not import with this torch" >&2; exit 1; }
+log "ok: Horovod $HOROVOD_VERSION with MPI, PyTorch and TensorFlow, torchvision $tv_want in .venv"

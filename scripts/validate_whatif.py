@@ -30,7 +30,7 @@ and codec cost on, no overlap on a CPU trace) on P = ``np`` workers, with
   measured dense step (dense - t_batch = 2(P-1) latency + ring bytes / bandwidth). Either way
   the dense rows feed the prediction (their fwd+bwd sets the contention factor, or their step
   the link), so they are in-sample and left out of the error statistics;
-* the fused compressors' bytes: the package's own accounting in the record
+* the out-of-band compressors' bytes: the package's own accounting in the record
   (``bytes_sent_per_step``, minus Horovod's share) when present (``--wire measured``), else the
   formulas of horovod_sparse.whatif.wire;
 * compute and codec times as profiled (codec times profiled at this P are used as they are),
@@ -228,7 +228,7 @@ def calibrate_horovod(dense_record, trace, engine, args, slow=1.0):
 def fused_wire_bytes(record, trace, spec):
     """The record's own byte count minus what Horovod carried (probes, small gradients)."""
     sent = record.get("bytes_sent_per_step")
-    if sent is None or wire.carrier(spec) != "fused":
+    if sent is None or wire.carrier(spec) != "out_of_band":
         return None
     horovod = wire.dense_ring_bytes(sum(wire.payload_bytes(spec, trace.gradients)), int(record["np"]))
     return max(0.0, sent - horovod)

@@ -25,8 +25,9 @@ Rank 0 prints one line per run and appends one JSON object per (model, compresso
 disagree about an error (a collective may be left half done) or a run exceeds
 ``--timeout``, the job writes what it has and stops.
 
-Importing this module imports only the standard library: torch, Horovod and mpi4py are
-imported by :func:`run`, so the argument parsing can be used (and tested) without them.
+The models are those of :mod:`horovod_sparse.models`. Importing this module imports only
+the standard library: torch, Horovod, numpy and mpi4py are imported by :func:`run`, so the
+argument parsing can be used (and tested) without them.
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ import sys
 import threading
 import time
 
+from horovod_sparse.models import MODELS, build_model  # stdlib only at import, like this module
+
 RATE_ENV = "HSP_NETEM_RATE"            # set by scripts/netem.py
 DRIVER_ENV = "HSP_BENCH_DRIVER_COMMAND"  # set by scripts/bench_step.py, recorded as is
 
@@ -58,13 +61,6 @@ DEFAULT_COMPRESSORS = (
     "gaussiank:density=0.01", "dgc:density=0.01", "randomk:density=0.01", "threshold:value=1.5e-5",
     "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "fft",
 )
-
-#: name -> (description, batch); the layers are built by :func:`build_model`.
-MODELS = {
-    "mlp5": ("5 Linear 4096-2048-2048-2048-2048-4096, ReLU, MSE", 16),
-    "mlp30": ("30 Linear 256-256, ReLU, MSE", 32),
-    "cnn": ("4 Conv3x3 (32,32,64,64) + 2 Linear (4096-256-10) on 3x32x32, MSE", 32),
-}
 
 _TC_RATE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)(i?)(bit|bps)$")
 _POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
@@ -198,41 +194,7 @@ def format_line(r) -> str:
     return line
 
 
-# ------------------------------------------------------------------------------ models
-def build_model(name: str):
-    """(model, input shape without batch, output features)."""
-    from torch import nn
-    if name == "mlp5":
-        widths = [4096, 2048, 2048, 2048, 2048, 4096]
-    elif name == "mlp30":
-        widths = [256] * 31
-    elif name == "cnn":
-        model = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
-            nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-            nn.Linear(64 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 10))
-        return model, (3, 32, 32), 10
-    else:
-        raise ValueError(f"unknown model {name!r}; have {sorted(MODELS)}")
-    layers = []
-    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-        layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(widths) - 2 else [])
-    return nn.Sequential(*layers), (widths[0],), widths[-1]
-
-
 # ------------------------------------------------------------------------------- run
-def max_over_ranks(comm, values):
-    """Element-wise maximum of ``values`` (numbers, any shape) over the ranks of the mpi4py
-    ``comm``, as a float64 array: a step's time is its slowest rank's."""
-    import numpy as np
-    from mpi4py import MPI
-    a = np.asarray(values, dtype=np.float64)
-    out = np.empty_like(a)
-    comm.Allreduce(a, out, op=MPI.MAX)
-    return out
-
-
 class Bench:
     """One rank's state: Horovod, a private mpi4py communicator, the watchdog."""
 
@@ -252,6 +214,7 @@ class Bench:
             print(text, flush=True)
 
     def max_over_ranks(self, values):
+        from horovod_sparse.agreement import max_over_ranks
         return max_over_ranks(self.comm, values)
 
     def make_compression(self, spec):

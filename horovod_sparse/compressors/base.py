@@ -46,22 +46,22 @@ class Compressor:
         return self.name + ":" + ",".join(f"{k}={v}" for k, v in self.params.items())
 
 
-class FusedCompressor(Compressor):
+class OutOfBandCompressor(Compressor):
     """A compressor whose exchange Horovod's dense allreduce cannot carry (sparsifiers,
     quantizers with bit-packed codes, PowerSGD, FFT).
 
     The frontends flatten a step's gradients into one float32 buffer of length n and
-    call :meth:`make_sparsifier` once per buffer, then ``pipeline.step(grad, tag=...)``
+    call :meth:`make_pipeline` once per buffer, then ``pipeline.step(grad, tag=...)``
     every step on every rank; the pipeline runs its own exchange over mpi4py and
     returns the SUM over ranks of what the ranks contributed. Horovod's allreduce only
-    carries a one-element probe (see :mod:`horovod_sparse.sparse_adapter`).
+    carries a one-element probe (see :mod:`horovod_sparse.out_of_band`).
     ``compress``/``decompress`` are not used.
     """
 
-    fused = True
+    out_of_band = True
     stateful = True
 
-    def make_sparsifier(self, n, comm, layout=None):
+    def make_pipeline(self, n, comm, layout=None):
         """The pipeline for a buffer of ``n`` elements on ``comm`` (collective: every rank of
         ``comm`` must call it, in the same order).
 
@@ -74,9 +74,9 @@ class FusedCompressor(Compressor):
         raise NotImplementedError
 
     def compress(self, ops, tensor, slot):
-        raise NotImplementedError(f"fused compressor: {self.name} exchanges whole buffers through "
-                                  "make_sparsifier(n, comm).step(grad), not per-tensor compress()")
+        raise NotImplementedError(f"out-of-band compressor: {self.name} exchanges whole buffers through "
+                                  "make_pipeline(n, comm).step(grad), not per-tensor compress()")
 
     def decompress(self, ops, payload, ctx):
-        raise NotImplementedError(f"fused compressor: {self.name} exchanges whole buffers through "
-                                  "make_sparsifier(n, comm).step(grad), not per-tensor decompress()")
+        raise NotImplementedError(f"out-of-band compressor: {self.name} exchanges whole buffers through "
+                                  "make_pipeline(n, comm).step(grad), not per-tensor decompress()")

@@ -1,6 +1,5 @@
 """``none`` and ``fp16``: compressors that only change the dtype on the wire."""
 from horovod_sparse.compressors.base import WIRE_DTYPE, Compressor
-from horovod_sparse.registry import register
 
 
 class CastCompressor(Compressor):
@@ -15,16 +14,12 @@ class CastCompressor(Compressor):
 
     def compress(self, ops, tensor, slot):
         dtype = ops.dtype_name(tensor)
-        wire = self.wire_dtypes.get(dtype)
-        return (ops.cast(tensor, wire) if wire else tensor), dtype
+        return to_wire(ops, tensor, self.wire_dtypes), dtype
 
     def decompress(self, ops, payload, ctx):
-        if ctx is None or ops.dtype_name(payload) == ctx:
-            return payload
-        return ops.cast(payload, ctx)
+        return payload if ctx is None else from_wire(ops, payload, ctx)
 
 
-@register
 class NoneCompressor(CastCompressor):
     """No compression: the baseline. Only bfloat16 changes: it travels as float32, since
     Horovod's PyTorch allreduce rejects bfloat16."""
@@ -32,7 +27,6 @@ class NoneCompressor(CastCompressor):
     name = "none"
 
 
-@register
 class FP16Compressor(CastCompressor):
     """float32/float64 gradients travel as float16 (half the bytes of float32), like
     Horovod's own ``Compression.fp16``. float16 passes as it is; bfloat16 travels as
@@ -41,3 +35,15 @@ class FP16Compressor(CastCompressor):
 
     name = "fp16"
     wire_dtypes = dict(WIRE_DTYPE, float32="float16", float64="float16")
+
+
+def to_wire(ops, tensor, wire_dtypes=WIRE_DTYPE):
+    """``tensor`` cast to its dtype on the wire, ``wire_dtypes[its dtype]`` (as it is when
+    ``wire_dtypes`` names none). Example: ``to_wire(ops, bf16_tensor)`` is float32."""
+    wire = wire_dtypes.get(ops.dtype_name(tensor))
+    return ops.cast(tensor, wire) if wire else tensor
+
+
+def from_wire(ops, tensor, dtype):
+    """A reduced ``tensor`` back in the gradient's ``dtype`` (as it is when already so)."""
+    return tensor if ops.dtype_name(tensor) == dtype else ops.cast(tensor, dtype)

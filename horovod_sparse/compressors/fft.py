@@ -5,16 +5,14 @@ the low-energy coefficients are dropped, the kept ones travel as low-bit range-b
 floats through a sparse allreduce, and the sum is transformed back. Error feedback
 keeps what was dropped or rounded away. See :mod:`horovod_sparse.fft.pipeline`.
 """
-from horovod_sparse.compressors.base import (FusedCompressor, check_bool, check_choice,
+from horovod_sparse.compressors.base import (OutOfBandCompressor, check_bool, check_choice,
                                              check_nonnegative_int, check_positive_int,
                                              check_unit_interval)
 from horovod_sparse.fft.pipeline import EXCHANGES, FFTSparsifier
 from horovod_sparse.quantize.rangefloat import SPLITS
-from horovod_sparse.registry import register
 
 
-@register
-class FFTCompressor(FusedCompressor):
+class FFTCompressor(OutOfBandCompressor):
     """Drop the fraction ``theta`` of lowest-energy FFT coefficients, send the rest as
     ``bits``-bit range-based floats.
 
@@ -70,7 +68,7 @@ class FFTCompressor(FusedCompressor):
     def theta_schedule(self):
         return "linear" if self.decay_steps > 0 and self.theta_final != self.theta else "constant"
 
-    def make_sparsifier(self, n, comm, layout=None):
+    def make_pipeline(self, n, comm, layout=None):
         return FFTSparsifier(n, comm, theta=self.theta, bits=self.bits, chunk_size=self.chunk_size,
                              exchange=self.exchange, theta_schedule=self.theta_schedule,
                              theta_final=self.theta_final, decay_steps=self.decay_steps,

@@ -1,12 +1,10 @@
-"""PowerSGD: rank-r power-iteration compression of every gradient matrix (a fused compressor)."""
-from horovod_sparse.compressors.base import (FusedCompressor, check_bool, check_nonnegative_int,
+"""PowerSGD: rank-r power-iteration compression of every gradient matrix (an out-of-band compressor)."""
+from horovod_sparse.compressors.base import (OutOfBandCompressor, check_bool, check_nonnegative_int,
                                              check_positive_int, check_positive_number)
 from horovod_sparse.lowrank import PowerSGDPipeline
-from horovod_sparse.registry import register
 
 
-@register
-class PowerSGDCompressor(FusedCompressor):
+class PowerSGDCompressor(OutOfBandCompressor):
     """PowerSGD (Vogels, Karimireddy, Jaggi, "PowerSGD: Practical Low-Rank Gradient
     Compression for Distributed Optimization", NeurIPS'19), as PyTorch's DDP
     ``powerSGD_hook``.
@@ -52,7 +50,7 @@ class PowerSGDCompressor(FusedCompressor):
                            warm_start=self.warm_start, min_compression_rate=self.min_compression_rate,
                            seed=self.seed)
 
-    def make_sparsifier(self, n, comm, layout=None):
+    def make_pipeline(self, n, comm, layout=None):
         """A :class:`~horovod_sparse.lowrank.PowerSGDPipeline` for a buffer of ``n`` elements
         laid out as ``layout`` (collective on ``comm``)."""
         return PowerSGDPipeline(n, comm, self.rank, layout=layout, error_feedback=self.error_feedback,

@@ -2,9 +2,9 @@
 the float32 "dense" sum (no compression; the schedules' baseline).
 
 Their codes are bit-packed with per-bucket or per-vector headers, which Horovod's dense
-allreduce cannot sum: they are *fused* compressors. The frontends flatten a step's
+allreduce cannot sum: they are *out-of-band* compressors. The frontends flatten a step's
 gradients into one float32 buffer of length n and call
-``compressor.make_sparsifier(n, comm)`` once per buffer, then ``pipeline.step(grad,
+``compressor.make_pipeline(n, comm)`` once per buffer, then ``pipeline.step(grad,
 tag=...)`` every step on every rank; the pipeline
 (:class:`horovod_sparse.quantize.pipeline.QuantizedPipeline`) returns the SUM over
 ranks of what the ranks sent, as decoded.
@@ -23,20 +23,19 @@ Exchange (``method``), for all of them:
 Code sizes per value (headers aside): bf16 16 bits, qsgd 1 + ceil(log2(levels + 1))
 bits (6 for 16 levels) plus 4 bytes per bucket, terngrad 2 bits, the sign codes 1 bit.
 """
-from horovod_sparse.compressors.base import (FusedCompressor, check_bool, check_choice, check_positive_int,
+from horovod_sparse.compressors.base import (OutOfBandCompressor, check_bool, check_choice, check_positive_int,
                                              check_unit_interval)
 from horovod_sparse.exchange.plain_sum import PlainSumPipeline
 from horovod_sparse.quantize.codec import Float32Codec
 from horovod_sparse.quantize.codecs import (BF16Codec, OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec,
                                             TernGradCodec)
 from horovod_sparse.quantize.pipeline import QuantizedPipeline
-from horovod_sparse.registry import register
 
 #: how a quantizer's codes are exchanged (see the module docstring)
 METHODS = ("alltoall", "allgather")
 
 
-class QuantizingCompressor(FusedCompressor):
+class QuantizingCompressor(OutOfBandCompressor):
     """Base of the quantizers: a codec, an exchange method, error feedback or momentum."""
 
     error_feedback = False
@@ -56,13 +55,12 @@ class QuantizingCompressor(FusedCompressor):
         """The :class:`~horovod_sparse.quantize.ValueCodec` on the wire."""
         raise NotImplementedError
 
-    def make_sparsifier(self, n, comm, layout=None):
+    def make_pipeline(self, n, comm, layout=None):
         return QuantizedPipeline(n, comm, self.codec(), method=self.method,
                                  error_feedback=self.error_feedback, momentum=self.momentum)
 
 
-@register
-class DenseCompressor(QuantizingCompressor):
+class DenseCompressor(OutOfBandCompressor):
     """No compression, exchanged out of band: the float32 sum over ranks (the schedules' baseline).
 
     What Horovod's own allreduce computes, but run by this package's exchange, so that the
@@ -84,20 +82,20 @@ class DenseCompressor(QuantizingCompressor):
     name = "dense"
 
     def __init__(self, method="allreduce"):
-        FusedCompressor.__init__(self)  # its own methods: QuantizingCompressor's check refuses "allreduce"
+        super().__init__()
         self.method = check_choice("method", method, ("allreduce",) + METHODS)
         self.params = {"method": self.method}
 
     def codec(self):
+        """The code of the "alltoall" and "allgather" methods: float32 itself."""
         return Float32Codec()
 
-    def make_sparsifier(self, n, comm, layout=None):
+    def make_pipeline(self, n, comm, layout=None):
         if self.method == "allreduce":
             return PlainSumPipeline(n, comm)
-        return super().make_sparsifier(n, comm, layout)
+        return QuantizedPipeline(n, comm, self.codec(), method=self.method, error_feedback=False)
 
 
-@register
 class BF16Compressor(QuantizingCompressor):
     """bfloat16 on the wire: 16 bits per value, round to nearest even, relative error <= 2**-8.
 
@@ -119,7 +117,6 @@ class BF16Compressor(QuantizingCompressor):
         return BF16Codec()
 
 
-@register
 class QSGDCompressor(QuantizingCompressor):
     """QSGD (Alistarh et al., "QSGD: Communication-Efficient SGD via Gradient Quantization
     and Encoding", NeurIPS'17): per bucket the L2 norm, per value a sign and an unbiased
@@ -146,7 +143,6 @@ class QSGDCompressor(QuantizingCompressor):
         return QSGDCodec(self.levels, self.bucket_size)
 
 
-@register
 class TernGradCompressor(QuantizingCompressor):
     """TernGrad (Wen et al., "TernGrad: Ternary Gradients to Reduce Communication in
     Distributed Deep Learning", NeurIPS'17): scale max|x| per encoded vector, each value
@@ -168,7 +164,6 @@ class TernGradCompressor(QuantizingCompressor):
         return TernGradCodec()
 
 
-@register
 class SignSGDCompressor(QuantizingCompressor):
     """signSGD with majority vote (Bernstein et al., "signSGD: Compressed Optimisation for
     Non-Convex Problems", ICML'18, and "signSGD with Majority Vote...", ICLR'19): each rank
@@ -189,7 +184,6 @@ class SignSGDCompressor(QuantizingCompressor):
         return SignCodec()
 
 
-@register
 class SignumCompressor(QuantizingCompressor):
     """Signum (Bernstein et al., ICML'18): signSGD with majority vote on the momentum.
     Each rank keeps u = momentum * u + grad and sends sign(u); the result is
@@ -211,7 +205,6 @@ class SignumCompressor(QuantizingCompressor):
         return SignCodec()
 
 
-@register
 class EFSignSGDCompressor(QuantizingCompressor):
     """EF-signSGD (Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
     Compression Schemes", ICML'19): each rank sends mean|x| * sign(x) of x = grad +
@@ -232,7 +225,6 @@ class EFSignSGDCompressor(QuantizingCompressor):
         return ScaledSignCodec()
 
 
-@register
 class OneBitCompressor(QuantizingCompressor):
     """1-bit SGD (Seide et al., "1-Bit Stochastic Gradient Descent and its Application to
     Data-Parallel Distributed Training of Speech DNNs", Interspeech'14): 1 bit per value

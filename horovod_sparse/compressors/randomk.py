@@ -7,14 +7,11 @@ each rank kept. With error feedback (default) the coordinates not sent stay in a
 residual and are added to the next step's gradient, so nothing is lost, only delayed.
 Reference: Stich et al., "Sparsified SGD with memory", NeurIPS 2018; GRACE's randomk.
 """
-import math
-
-from horovod_sparse.compressors.base import (WIRE_DTYPE, Compressor, check_bool, check_fraction,
-                                             check_nonnegative_int)
-from horovod_sparse.registry import register
+from horovod_sparse.compressors.base import Compressor, check_bool, check_fraction, check_nonnegative_int
+from horovod_sparse.compressors.cast import from_wire, to_wire
+from horovod_sparse.sparsify.selection import k_for
 
 
-@register
 class RandomKCompressor(Compressor):
     """Random-k sparsification carried by Horovod's allreduce.
 
@@ -40,7 +37,7 @@ class RandomKCompressor(Compressor):
 
     def k_for(self, n):
         """Number of elements sent for a tensor of ``n`` elements."""
-        return 0 if n == 0 else min(n, max(1, math.ceil(self.density * n)))
+        return k_for(self.density, n)
 
     def compress(self, ops, tensor, slot):
         dtype = ops.dtype_name(tensor)
@@ -48,11 +45,11 @@ class RandomKCompressor(Compressor):
             return tensor, None
         shape, n = ops.shape(tensor), ops.numel(tensor)
         k = self.k_for(n)
-        acc = ops.flatten(tensor)
-        if dtype in WIRE_DTYPE:
-            acc = ops.cast(acc, WIRE_DTYPE[dtype])
+        acc = to_wire(ops, ops.flatten(tensor))
+        # error feedback (horovod_sparse.memory): acc = grad + residual, in place where the
+        # framework allows; committed at once, as the exchange (Horovod's) comes after
         if self.error_feedback:
-            acc = ops.add_to_residual(slot, acc)   # in place where the framework allows
+            acc = ops.add_to_residual(slot, acc)
         indices = ops.random_indices(self.seed, slot.stream, ops.read_step(slot), n, k, like=acc)
         values = ops.gather(acc, indices)
         if self.error_feedback:
@@ -66,7 +63,5 @@ class RandomKCompressor(Compressor):
         if ctx is None:
             return payload
         indices, n, shape, dtype, gradient = ctx
-        dense = ops.scatter_into(gradient, indices, payload, n)
-        if ops.dtype_name(dense) != dtype:
-            dense = ops.cast(dense, dtype)
+        dense = from_wire(ops, ops.scatter_into(gradient, indices, payload, n), dtype)
         return ops.reshape(dense, shape)

@@ -1,9 +1,9 @@
 """Sparsifying compressors: top-k, Ok-Topk, Gaussiank, threshold, DGC, gTop-k.
 
 Each rank keeps different indices, so Horovod's dense allreduce cannot carry these
-exchanges: they are *fused* compressors. The frontends flatten a step's gradients
+exchanges: they are *out-of-band* compressors. The frontends flatten a step's gradients
 into one float32 buffer of length n (or one buffer per gradient) and call
-``compressor.make_sparsifier(n, comm)`` once per buffer, then
+``compressor.make_pipeline(n, comm)`` once per buffer, then
 ``sparsifier.step_sparse(grad, tag=...)`` (or ``step``, densified) every step on every
 rank; the sparsifier (:class:`horovod_sparse.sparsify.Sparsifier`) returns the SUM over
 ranks of what the ranks sent, in the buffer's library and device (numpy or torch).
@@ -16,10 +16,9 @@ References: Ok-Topk, Li & Hoefler, PPoPP'22; Gaussiank, Shi et al. 2019
 et al., ICLR'18; TopkA / TopkDSA (SparCML, Renggli et al., SC'19).
 """
 
-from horovod_sparse.compressors.base import (FusedCompressor, check_bool, check_choice, check_fraction,
+from horovod_sparse.compressors.base import (OutOfBandCompressor, check_bool, check_choice, check_fraction,
                                              check_nonnegative_int, check_positive_int,
                                              check_positive_number, check_unit_interval)
-from horovod_sparse.registry import register
 from horovod_sparse.sparsify import selection
 from horovod_sparse.sparsify.selection import k_for
 from horovod_sparse.sparsify.sparsifier import Sparsifier
@@ -31,15 +30,14 @@ TOPK_EXCHANGES = ("allgather", "oktopk", "gtopk", "dsa")
 THRESHOLD_EXCHANGES = ("allgather", "dsa")
 
 
-class SparsifyingCompressor(FusedCompressor):
-    """Base of the sparsifying compressors: a fused compressor with a target count k."""
+class SparsifyingCompressor(OutOfBandCompressor):
+    """Base of the sparsifying compressors: an out-of-band compressor with a target count k."""
 
     def k_for(self, n):
         """Target number of entries for a buffer of ``n`` elements."""
         return k_for(self.density, n)
 
 
-@register
 class TopKCompressor(SparsifyingCompressor):
     """Exact top-k by magnitude of the accumulated gradient (TopkA with the default exchange).
 
@@ -61,12 +59,11 @@ class TopKCompressor(SparsifyingCompressor):
         self.params = dict(density=self.density, error_feedback=self.error_feedback,
                            exchange=self.exchange)
 
-    def make_sparsifier(self, n, comm, layout=None):
+    def make_pipeline(self, n, comm, layout=None):
         return Sparsifier(n, comm, selection.TopKRule(), self.k_for(n), exchange=self.exchange,
                           error_feedback=self.error_feedback)
 
 
-@register
 class OkTopKCompressor(SparsifyingCompressor):
     """Ok-Topk (Li & Hoefler, PPoPP'22): local threshold, Ok-Topk sparse allreduce.
 
@@ -93,14 +90,13 @@ class OkTopKCompressor(SparsifyingCompressor):
         self.params = dict(density=self.density, tau=self.tau, tau_prime=self.tau_prime,
                            warmup_steps=self.warmup_steps, error_feedback=self.error_feedback)
 
-    def make_sparsifier(self, n, comm, layout=None):
+    def make_pipeline(self, n, comm, layout=None):
         return Sparsifier(n, comm, selection.OkTopkLocalRule(self.tau_prime), self.k_for(n),
                           exchange="oktopk", error_feedback=self.error_feedback,
                           warmup_steps=self.warmup_steps,
                           exchange_params=dict(tau=self.tau, tau_prime=self.tau_prime))
 
 
-@register
 class GaussianKCompressor(SparsifyingCompressor):
     """Gaussiank: threshold |mu| + |Phi^-1(density/2)| * sigma of the accumulated gradient,
     corrected so each rank's count lies in [ceil(k/2), 2k].
@@ -121,12 +117,11 @@ class GaussianKCompressor(SparsifyingCompressor):
         self.params = dict(density=self.density, error_feedback=self.error_feedback,
                            exchange=self.exchange)
 
-    def make_sparsifier(self, n, comm, layout=None):
+    def make_pipeline(self, n, comm, layout=None):
         return Sparsifier(n, comm, selection.GaussianRule(self.density), self.k_for(n),
                           exchange=self.exchange, error_feedback=self.error_feedback)
 
 
-@register
 class ThresholdCompressor(SparsifyingCompressor):
     """Fixed threshold: every entry with |accumulated gradient| >= value is sent.
 
@@ -151,12 +146,11 @@ class ThresholdCompressor(SparsifyingCompressor):
     def k_for(self, n):
         return 0  # no target count: the threshold decides
 
-    def make_sparsifier(self, n, comm, layout=None):
+    def make_pipeline(self, n, comm, layout=None):
         return Sparsifier(n, comm, selection.ThresholdRule(self.value), 0, exchange=self.exchange,
                           error_feedback=self.error_feedback)
 
 
-@register
 class DGCCompressor(SparsifyingCompressor):
     """Deep Gradient Compression (Lin et al., ICLR'18): momentum correction, sampled threshold,
     momentum factor masking.
@@ -184,12 +178,11 @@ class DGCCompressor(SparsifyingCompressor):
         self.params = dict(density=self.density, momentum=self.momentum,
                            sample_fraction=self.sample_fraction, exchange=self.exchange)
 
-    def make_sparsifier(self, n, comm, layout=None):
+    def make_pipeline(self, n, comm, layout=None):
         return Sparsifier(n, comm, selection.SampledRule(self.density, self.sample_fraction),
                           self.k_for(n), exchange=self.exchange, momentum=self.momentum)
 
 
-@register
 class GTopKCompressor(SparsifyingCompressor):
     """gTop-k (Shi et al., ICDCS'19): local exact top-k, tree merge keeping the global top-k.
 
@@ -206,6 +199,6 @@ class GTopKCompressor(SparsifyingCompressor):
         self.error_feedback = check_bool("error_feedback", error_feedback)
         self.params = dict(density=self.density, error_feedback=self.error_feedback)
 
-    def make_sparsifier(self, n, comm, layout=None):
+    def make_pipeline(self, n, comm, layout=None):
         return Sparsifier(n, comm, selection.TopKRule(), self.k_for(n), exchange="gtopk",
                           error_feedback=self.error_feedback)

@@ -12,6 +12,7 @@ sum the same decoded floats.
 """
 import numpy as np
 
+from .seeds import derive_seed
 from .sparse_ops import sum_duplicates
 
 DEFAULTS = {}
@@ -39,7 +40,6 @@ class Allgather:
             all_indices, all_values = self.comm.allgatherv_pairs(indices.astype(self.index_dtype), values, counts)
             summed_indices, summed_values = sum_duplicates([all_indices], [all_values], values.dtype)
             return summed_indices, summed_values, summed_indices
-        from horovod_sparse.quantize.codec import derive_seed  # late: quantize may import exchange
         all_indices = self.comm.allgatherv(indices.astype(self.index_dtype), counts)
         codec, rank = self.codec, self.comm.rank
         mine = codec.encode(values, derive_seed(self.seed, rank, 0))

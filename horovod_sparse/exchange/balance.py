@@ -8,6 +8,8 @@ balanced pieces so that no rank sends much more than k/P entries to everyone.
 """
 import numpy as np
 
+from .seeds import derive_seed
+
 _TAG_INDICES, _TAG_VALUES = 201, 202
 
 
@@ -97,7 +99,6 @@ def _balanced_allgatherv_codes(comm, indices, values, counts, index_dtype, codec
     every rank decodes every sub-piece - the sizes follow from ``counts`` alone. All
     ranks, the holders included, thus use the same decoded floats.
     """
-    from horovod_sparse.quantize.codec import derive_seed  # late: quantize may import exchange
     size, rank = comm.size, comm.rank
     if int(counts.sum()) == 0:
         return np.asarray(indices, dtype=np.int64), np.empty(0, np.float32)

@@ -18,6 +18,8 @@ At P = 1 every collective counts zero.
 import numpy as np
 from mpi4py import MPI
 
+from horovod_sparse.pipeline import ClosesOnExit
+
 from .traffic import Traffic
 
 
@@ -27,14 +29,14 @@ def _mpi_buffer(array):
     return np.ascontiguousarray(array)
 
 
-class CountingComm:
+class CountingComm(ClosesOnExit):
     """A ``Dup()`` of the user's communicator plus byte/message counters.
 
     Parameters
     ----------
     comm : mpi4py communicator
         Duplicated at construction (a collective call); only the duplicate is used,
-        so our messages never match the user's.
+        so our messages never match the user's. :meth:`close` frees it.
     """
 
     def __init__(self, comm):
@@ -168,7 +170,7 @@ class CountingComm:
         self._comm.Allreduce(_mpi_buffer(sendbuf), _mpi_buffer(recvbuf), op=op)
 
     # ----------------------------------------------------------------- closing
-    def free(self):
+    def close(self):
         """Free the duplicated communicator (idempotent)."""
         if self._comm is not None and self._comm != MPI.COMM_NULL:
             self._comm.Free()
@@ -177,3 +179,37 @@ class CountingComm:
     @property
     def closed(self) -> bool:
         return self._comm is None
+
+
+class CountedExchange(ClosesOnExit):
+    """Base of the exchanges that run over their own :class:`CountingComm` (``self._comm``)
+    and number their calls (``self._calls``, part of the agreement header): the sparse and
+    the compressed allreduce.
+
+    Example::
+
+        call = self._next_call()  # first thing in a call; RuntimeError once closed
+    """
+
+    _calls = 0
+
+    @property
+    def traffic(self):
+        """Cumulative :class:`Traffic` of this exchange on this rank."""
+        return self._comm.traffic
+
+    @property
+    def calls(self):
+        """Number of calls made (the agreed call counter)."""
+        return self._calls
+
+    def _next_call(self):
+        """This call's number, counted on every rank, also when the call is then rejected."""
+        if self._comm.closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        self._calls += 1
+        return self._calls - 1
+
+    def close(self):
+        """Free the duplicated communicator (idempotent)."""
+        self._comm.close()

@@ -2,7 +2,7 @@
 
 The vectors stay on their own device (numpy, or torch on CPU/CUDA): encoding and
 decoding run there (the codec's ``encode``/``decode``), and only the codes cross to
-the host (:func:`~horovod_sparse.ops.tensors.to_host`/``from_host``) for mpi4py. Two
+the host (:func:`~horovod_sparse.ops.host.to_host`/``from_host``) for mpi4py. Two
 exchanges, both over :class:`~.comm.CountingComm` (every byte counted):
 
 * ``"alltoall"`` (DeepSpeed 1-bit Adam's compressed allreduce; volume per rank about
@@ -53,11 +53,11 @@ from typing import Any
 
 import numpy as np
 
-from horovod_sparse.closing import ClosesOnExit
 from horovod_sparse.memory import ErrorFeedback
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import host, kernels, namespace, views
+from horovod_sparse.pipeline import check_identity, saved_array
 
-from .comm import CountingComm
+from .comm import CountedExchange, CountingComm
 from .seeds import derive_seed
 from .traffic import Traffic
 from .validation import agree_call, identity_code, is_int
@@ -88,7 +88,7 @@ class CompressedResult:
     traffic: Traffic
 
 
-class CompressedAllreduce(ClosesOnExit):
+class CompressedAllreduce(CountedExchange):
     """Sum float32 vectors of length ``n`` over the ranks of ``comm``, carried as codes.
 
     Parameters
@@ -128,8 +128,8 @@ class CompressedAllreduce(ClosesOnExit):
         self.n, self.codec, self.method = int(n), codec, method
         self.majority = majority
         self.server_error_feedback = bool(server_error_feedback)
-        self._identity = identity_code(repr(codec), getattr(codec, "name", ""), method,
-                                       self.server_error_feedback)
+        self._params_code = identity_code(repr(codec), getattr(codec, "name", ""), method,
+                                          self.server_error_feedback)
         self._comm = CountingComm(comm)
         self.size, self.rank = self._comm.size, self._comm.rank
         P = self.size
@@ -141,7 +141,6 @@ class CompressedAllreduce(ClosesOnExit):
         self._code_offsets = np.concatenate(([0], np.cumsum(self.chunk_nbytes))).astype(int).tolist()
         self._server = ErrorFeedback(self.chunk_sizes[self.rank], enabled=self.server_error_feedback)
         self._scratch = {}
-        self._calls = 0
 
     # -------------------------------------------------------------- the bound
     def payload_bytes_sent(self):
@@ -168,16 +167,13 @@ class CompressedAllreduce(ClosesOnExit):
         disagree on n, method, codec, call count or tag; the server residual is then
         unchanged.
         """
-        if self._comm.closed:
-            raise RuntimeError("CompressedAllreduce is closed")
+        call = self._next_call()
         before = self._comm.traffic
         x, error_code, detail = self._check(values)
         if not is_int(seed):
             error_code, detail, seed = error_code or _BAD_LENGTH_OR_SEED, -1, 0
         seed = int(seed) % 2 ** 64
-        call = self._calls
-        self._calls += 1  # on every rank, also when the call is rejected
-        agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._identity,
+        agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
                    error_code=error_code, error_detail=detail, algorithm=METHODS.index(self.method),
                    count=-1 if x is None else x.shape[0], algorithm_names=METHODS,
                    exchange="compressed allreduce", error_texts=_ERROR_TEXTS)
@@ -190,24 +186,24 @@ class CompressedAllreduce(ClosesOnExit):
     def _check(self, values):
         """(float32 values or None, error code, detail); never raises."""
         try:
-            x = values.detach() if tensors.is_torch(values) else np.asarray(values)
-            floating = tensors.namespace(x).isdtype(x.dtype, "real floating")
+            x = values.detach() if namespace.is_torch(values) else np.asarray(values)
+            floating = namespace.namespace(x).isdtype(x.dtype, "real floating")
             if x.ndim != 1 or not floating:
                 return None, _BAD_VALUES, 0
             if x.shape[0] != self.n:
                 return None, _BAD_LENGTH_OR_SEED, x.shape[0]
-            if tensors.is_torch(x):
-                return x.to(tensors.dtype_of(x, "float32")).contiguous(), 0, 0
+            if namespace.is_torch(x):
+                return x.to(namespace.dtype_of(x, "float32")).contiguous(), 0, 0
             return np.ascontiguousarray(x, dtype=np.float32), 0, 0
         except Exception:
             return None, _BAD_VALUES, 0
 
     def _buffer(self, name, count, dtype_name, like):
         """A scratch buffer reused from call to call (one per name, library and device)."""
-        key = (name, dtype_name, str(getattr(like, "device", "numpy")), tensors.is_torch(like))
+        key = (name, dtype_name, str(getattr(like, "device", "numpy")), namespace.is_torch(like))
         buffer = self._scratch.get(key)
         if buffer is None or buffer.shape[0] < count:
-            buffer = self._scratch[key] = tensors.empty(max(count, 1), dtype_name, like)
+            buffer = self._scratch[key] = namespace.empty(max(count, 1), dtype_name, like)
         return buffer[:count]
 
     def _code(self, codes, j):
@@ -234,17 +230,17 @@ class CompressedAllreduce(ClosesOnExit):
         codes = self._encode_chunks(x, seed, lambda j: own_chunk if j == rank else
                                     None if own is None else own[b[j]:b[j + 1]])
         mine = self.chunk_nbytes[rank]
-        received = tensors.from_host(self._comm.alltoallv(tensors.to_host(codes), self.chunk_nbytes,
-                                                          [mine] * P), x)
+        received = host.from_host(self._comm.alltoallv(host.to_host(codes), self.chunk_nbytes,
+                                                       [mine] * P), x)
         # 2. the owner's sum of the P decoded pieces of its chunk
         total = self._sum_pieces(received, own_chunk, x)
         # 3. plus the server residual, re-encoded; what it decodes to is the result's chunk
         acc = self._server.accumulate(total)
-        out = tensors.new_empty(self.n, "float32", x)
+        out = namespace.new_empty(self.n, "float32", x)
         code = self._buffer("owner_code", mine, "uint8", x)
         codec.encode(acc, derive_seed(seed, P + rank, rank), out=code, decoded=out[b[rank]:b[rank + 1]])
         # 4. every chunk's code to every rank; decode the others' chunks
-        gathered = tensors.from_host(self._comm.allgatherv(tensors.to_host(code), self.chunk_nbytes), x)
+        gathered = host.from_host(self._comm.allgatherv(host.to_host(code), self.chunk_nbytes), x)
         self._server.commit_minus(acc, out[b[rank]:b[rank + 1]])
         for j in range(P):
             if j != rank:
@@ -263,14 +259,14 @@ class CompressedAllreduce(ClosesOnExit):
         own = self._buffer("own", self.n, "float32", x) if want_own or vote_of_two is None else None
         codes = self._encode_chunks(x, seed, lambda j: None if own is None else own[b[j]:b[j + 1]])
         whole = self._code_offsets[-1]
-        gathered = self._comm.allgatherv(tensors.to_host(codes), [whole, whole])
-        peer = tensors.from_host(gathered[(1 - rank) * whole:(2 - rank) * whole], x)  # only the peer's
-        out = tensors.new_empty(self.n, "float32", x)
+        gathered = self._comm.allgatherv(host.to_host(codes), [whole, whole])
+        peer = host.from_host(gathered[(1 - rank) * whole:(2 - rank) * whole], x)  # only the peer's
+        out = namespace.new_empty(self.n, "float32", x)
         if vote_of_two is not None:
             voted = vote_of_two(codes, peer, out=self._buffer("voted", whole, "uint8", x))
             for j in range(2):
                 codec.decode(self._code(voted, j), self.chunk_sizes[j], out=out[b[j]:b[j + 1]])
-            tensors.kernel_view(out)[...] *= 2  # P * sign: exact
+            views.kernel_view(out)[...] *= 2  # P * sign: exact
             return out, own
         for j in range(2):
             total, mine = out[b[j]:b[j + 1]], own[b[j]:b[j + 1]]
@@ -295,7 +291,7 @@ class CompressedAllreduce(ClosesOnExit):
         if self.size == 1:
             return first
         spare = self._buffer("piece", count, "float32", like)
-        tensors.backend(total).add(first, piece(1, total if first is own_chunk else spare), out=total)
+        namespace.backend(total).add(first, piece(1, total if first is own_chunk else spare), out=total)
         for r in range(2, self.size):
             total += piece(r, spare)
         return total
@@ -306,8 +302,8 @@ class CompressedAllreduce(ClosesOnExit):
         code = self._buffer("codes", size, "uint8", x)
         own = self._buffer("own", n, "float32", x)
         codec.encode(x, derive_seed(seed, rank), out=code, decoded=own)
-        gathered = tensors.from_host(self._comm.allgatherv(tensors.to_host(code), [size] * P), x)
-        out = tensors.new_empty(n, "float32", x)
+        gathered = host.from_host(self._comm.allgatherv(host.to_host(code), [size] * P), x)
+        out = namespace.new_empty(n, "float32", x)
         for r in range(P):
             if r == 0:
                 if r == rank:
@@ -324,24 +320,14 @@ class CompressedAllreduce(ClosesOnExit):
     def _vote(self, total):
         """total = P * sign(total), sign(0) = +1, in place: the sign bit of P set where total < 0."""
         negative = self._buffer("negative", total.shape[0], "bool", total)
-        tensors.less_into(total, 0, negative)
-        as_int = total.view(tensors.dtype_of(total, "int32"))
+        kernels.less_into(total, 0, negative)
+        as_int = total.view(namespace.dtype_of(total, "int32"))
         as_int[...] = negative
         as_int <<= 31
         as_int ^= int(np.float32(self.size).view(np.int32))
         return total
 
     # ----------------------------------------------------------------- state
-    @property
-    def traffic(self):
-        """Cumulative :class:`Traffic` of this exchange on this rank."""
-        return self._comm.traffic
-
-    @property
-    def calls(self):
-        """Number of allreduce calls made (the agreed call counter)."""
-        return self._calls
-
     @property
     def server_residual(self):
         """The owner's residual (float32, this rank's chunk; the live buffer), or None."""
@@ -351,28 +337,19 @@ class CompressedAllreduce(ClosesOnExit):
         """numpy/int-only dict: identity, call counter, server residual (empty if none)."""
         residual = (self._server.state_dict()["residual"] if self.server_error_feedback
                     else np.zeros(0, np.float32))
-        return {"format": _STATE_FORMAT, "n": self.n, "world_size": self.size, "calls": self._calls,
-                "method": METHODS.index(self.method), "server_residual": residual}
+        return {**self._identity(), "calls": self._calls, "server_residual": residual}
 
     def load_state_dict(self, d):
         """Restore :meth:`state_dict` (same n, method and world size; each rank its own)."""
-        for key, mine in (("format", _STATE_FORMAT), ("n", self.n), ("world_size", self.size),
-                          ("method", METHODS.index(self.method))):
-            if int(d.get(key, -1)) != mine:
-                raise ValueError(f"state_dict {key} is {d.get(key)!r}, this exchange has {mine!r}")
+        check_identity(d, self._identity(), "CompressedAllreduce")
         if self.server_error_feedback:
-            residual = np.asarray(d["server_residual"], dtype=np.float32)
-            expected = (self.chunk_sizes[self.rank],)
-            if residual.shape != expected:
-                raise ValueError(f"state_dict server_residual has shape {residual.shape}, "
-                                 f"expected {expected}")
+            residual = saved_array(d, "server_residual", (self.chunk_sizes[self.rank],))
             self._server.load_state_dict({"residual": residual})
         self._calls = int(d["calls"])
 
-    # --------------------------------------------------------------- closing
-    def close(self):
-        """Free the duplicated communicator (idempotent)."""
-        self._comm.free()
+    def _identity(self):
+        return {"format": _STATE_FORMAT, "n": self.n, "world_size": self.size,
+                "method": METHODS.index(self.method)}
 
     def __repr__(self):
         return (f"CompressedAllreduce(n={self.n}, codec={self.codec!r}, method={self.method!r}, "
@@ -382,8 +359,8 @@ class CompressedAllreduce(ClosesOnExit):
 def _add_into(target, first, second):
     """target = first + second in float32; on the CPU through numpy's views (torch's one-thread
     add is ~2x slower here), the same IEEE sums."""
-    view = tensors.kernel_view
-    tensors.backend(view(target)).add(view(first), view(second), out=view(target))
+    view = views.kernel_view
+    namespace.backend(view(target)).add(view(first), view(second), out=view(target))
 
 
 def _copy(target, source):

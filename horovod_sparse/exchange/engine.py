@@ -1,16 +1,13 @@
 """SparseAllreduce: the public entry point that validates, agrees, dispatches and counts."""
-import zlib
-
 import numpy as np
 
-from horovod_sparse.closing import ClosesOnExit
+from horovod_sparse.pipeline import check_identity, with_prefix, without_prefix
 
 from . import allgather, dense, dsa, gtopk, oktopk
-from .comm import CountingComm
-from .errors import ExchangeError
+from .comm import CountedExchange, CountingComm
 from .result import ExchangeResult
 from .sparse_ops import wire_index_dtype
-from .validation import TAG_ERROR_CODE, VALUE_DTYPE_CODES, LocalInput, agree, is_int, tag_as_int64
+from .validation import VALUE_DTYPE_CODES, LocalInput, agree_call, identity_code, is_int
 
 ALGORITHMS = ("dense", "allgather", "oktopk", "gtopk", "dsa")
 _IMPLEMENTATIONS = {
@@ -26,7 +23,7 @@ CODEC_ALGORITHMS = ("allgather", "oktopk")
 _STATE_FORMAT = 1
 
 
-class SparseAllreduce(ClosesOnExit):
+class SparseAllreduce(CountedExchange):
     """Sum (or average) sparse vectors over all ranks of an MPI communicator.
 
     Parameters
@@ -61,6 +58,9 @@ class SparseAllreduce(ClosesOnExit):
 
     Bad parameters raise ValueError naming the parameter and its accepted range.
     """
+
+    #: every algorithm's name, at its code (in the agreement header and saved states)
+    algorithms = ALGORITHMS
 
     def __init__(self, n, algorithm="oktopk", k=None, comm=None, average=False, value_codec=None,
                  **algorithm_params):
@@ -103,13 +103,12 @@ class SparseAllreduce(ClosesOnExit):
         identity = (self.average, sorted(params.items()))
         if value_codec is not None:  # unchanged code without a codec (same headers as before)
             identity += (getattr(value_codec, "name", ""), repr(value_codec))
-        self._params_code = zlib.crc32(repr(identity).encode())
+        self._params_code = identity_code(*identity)
         self._comm = CountingComm(comm)
         self.size, self.rank = self._comm.size, self._comm.rank
         self._impl = implementation(self._comm, self.n, self.k, self.index_dtype, **params)
         if value_codec is not None:
             self._impl.codec = value_codec
-        self._calls = 0
 
     # ------------------------------------------------------------------ main
     def allreduce(self, indices, values, tag=0):
@@ -124,29 +123,21 @@ class SparseAllreduce(ClosesOnExit):
         Raises ExchangeError on every rank if any rank's input is invalid or the
         ranks disagree on n, algorithm, k, parameters, value dtype, call count or tag.
         """
-        if self._comm.closed:
-            raise RuntimeError("SparseAllreduce is closed")
+        call = self._next_call()
         before = self._comm.traffic
         local = LocalInput(indices, values, self.n)
-        tag_value = tag_as_int64(tag)
-        if tag_value is None:  # reported by every rank through the header, never raised alone
-            tag_value = 0
-            if local.error_code == 0:
-                local.error_code = TAG_ERROR_CODE
-        header = dict(error_code=local.error_code, error_detail=local.error_detail, n=self.n,
-                      algorithm=ALGORITHMS.index(self.algorithm),
-                      k=-1 if self.k is None else self.k, call=self._calls,
-                      value_dtype=VALUE_DTYPE_CODES.get(local.value_dtype, 0),
-                      params=self._params_code, count=local.indices.size, tag=tag_value)
-        self._calls += 1  # on every rank, also when the call is rejected
-        agreed = agree(self._comm, header, ALGORITHMS)
+        agreed = agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
+                            error_code=local.error_code, error_detail=local.error_detail,
+                            algorithm=ALGORITHMS.index(self.algorithm), k=-1 if self.k is None else self.k,
+                            value_dtype=VALUE_DTYPE_CODES.get(local.value_dtype, 0),
+                            count=local.indices.size, algorithm_names=ALGORITHMS)
 
         if self.algorithm == "allgather":
             self._impl.counts = agreed["count"]
         values = local.values
         if self.value_codec is not None:
             values = values.astype(np.float32, copy=False)  # codes carry float32
-            self._impl.seed = header["call"]
+            self._impl.seed = call
         out_indices, out_values, selected = self._impl.run(local.indices, values)
         sent_values = values if self.value_codec is None else self._impl.decoded_own
         if self.average:
@@ -169,36 +160,20 @@ class SparseAllreduce(ClosesOnExit):
             raise ValueError(f"k must be an integer >= 1, got {k!r}")
         self.k = self._impl.k = int(k)
 
-    @property
-    def traffic(self):
-        """Cumulative :class:`Traffic` of this engine on this rank."""
-        return self._comm.traffic
-
-    @property
-    def calls(self):
-        """Number of allreduce calls made (the agreed call counter)."""
-        return self._calls
-
     def state_dict(self):
         """numpy/int-only dict: identity, call counter and the algorithm's state."""
-        d = {"format": _STATE_FORMAT, "algorithm": self.algorithm, "n": self.n,
-             "world_size": self.size, "calls": self._calls}
+        d = {**self._identity(), "calls": self._calls}
         if self.algorithm == "oktopk":
-            d.update({"oktopk_" + key: v for key, v in self._impl.state.to_dict().items()})
+            d.update(with_prefix("oktopk_", self._impl.state.to_dict()))
         return d
 
     def load_state_dict(self, d):
         """Restore what :meth:`state_dict` saved (same algorithm, n and world size)."""
-        for key, mine in (("format", _STATE_FORMAT), ("algorithm", self.algorithm),
-                          ("n", self.n), ("world_size", self.size)):
-            if d.get(key) != mine:
-                raise ValueError(f"state_dict {key} is {d.get(key)!r}, this engine has {mine!r}")
+        check_identity(d, self._identity(), "SparseAllreduce")
         if self.algorithm == "oktopk":
-            sub = {key[len("oktopk_"):]: v for key, v in d.items() if key.startswith("oktopk_")}
-            self._impl.state = oktopk.OkTopkState.from_dict(sub, self.size, self.n)
+            self._impl.state = oktopk.OkTopkState.from_dict(without_prefix(d, "oktopk_"), self.size, self.n)
         self._calls = int(d["calls"])
 
-    # --------------------------------------------------------------- closing
-    def close(self):
-        """Free the duplicated communicator (idempotent)."""
-        self._comm.free()
+    def _identity(self):
+        return {"format": _STATE_FORMAT, "algorithm": self.algorithm, "n": self.n, "world_size": self.size}
+

@@ -29,6 +29,7 @@ import numpy as np
 
 from .balance import balanced_allgatherv
 from .regions import repartition
+from .seeds import derive_seed
 from .selection import exact_select
 from .sparse_ops import key_to_magnitude, magnitude_keys, threshold_key
 from .split_reduce import split_and_reduce
@@ -152,7 +153,6 @@ class OkTopk:
     def _encode_by_region(self, indices, values, bounds):
         """Encode this rank's values region by region (one code per destination, own
         region included); returns (the values as decoded, float32, the P codes)."""
-        from horovod_sparse.quantize.codec import derive_seed  # late: quantize may import exchange
         values = np.ascontiguousarray(values, dtype=np.float32)
         splits = np.searchsorted(indices, bounds)
         decoded = np.empty_like(values)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from horovod_sparse.closing import ClosesOnExit
 from horovod_sparse.exchange.comm import CountingComm
 from horovod_sparse.exchange.traffic import Traffic
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import host, namespace
+from horovod_sparse.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -27,42 +27,28 @@ class PlainSumStepInfo:
     traffic: Traffic
 
 
-class PlainSumPipeline(ClosesOnExit):
+class PlainSumPipeline(Pipeline):
     """Sum a float32 buffer of ``n`` elements over ``comm`` (duplicated: collective). No state
-    but a step counter; the fused pipelines' interface (``step``, ``last``, ``traffic``,
-    ``state_dict``, ``close``)."""
+    but a step counter; a :class:`~horovod_sparse.pipeline.Pipeline`."""
 
     def __init__(self, n, comm):
         self.n = int(n)
         self.comm = CountingComm(comm)
-        self.step_count = 0
-        self.last = None
+        self._exchanges = (self.comm,)
         self._sum = np.empty(self.n, dtype=np.float32)
-
-    @property
-    def traffic(self):
-        return self.comm.traffic
 
     def step(self, grad, tag=0):
         """The sum over ranks of ``grad`` (1-D, length n, cast to float32) in grad's library
         and device: a buffer of this pipeline, valid until its next step. ``tag`` is unused
         (the caller agreed on the layout)."""
-        g = grad.detach().reshape(-1).float() if tensors.is_torch(grad) else np.asarray(grad, np.float32).ravel()
+        g = grad.detach().reshape(-1).float() if namespace.is_torch(grad) else np.asarray(grad, np.float32).ravel()
         if g.shape[0] != self.n:
             raise ValueError(f"the gradient has {g.shape[0]} elements, this pipeline sums {self.n}")
         before = self.traffic
-        self.comm.allreduce(tensors.to_host(g), self._sum)
+        self.comm.allreduce(host.to_host(g), self._sum)
         self.last = PlainSumStepInfo(self.step_count, self.traffic - before)
         self.step_count += 1
-        return tensors.from_host(self._sum, g)
+        return host.from_host(self._sum, g)
 
-    def state_dict(self):
-        return {"n": self.n, "step": self.step_count}
-
-    def load_state_dict(self, d):
-        if int(d.get("n", self.n)) != self.n:
-            raise ValueError(f"state_dict is for n={d.get('n')!r}; this pipeline sums n={self.n}")
-        self.step_count = int(d.get("step", 0))
-
-    def close(self):
-        self.comm.free()
+    def _identity(self):
+        return {"n": self.n}  # no format number: its saved states never had one

@@ -5,12 +5,10 @@ on every rank, which is what lets the algorithms agree without extra checks.
 """
 import numpy as np
 
-# Magnitude keys: |v| as an unsigned integer with the same order as |v|.
-# Clearing the sign bit of an IEEE float and reading its bits as unsigned keeps
-# the order of magnitudes for all non-negative floats, puts +inf above every
-# finite value and NaN above +inf - so NaNs are always "largest" and propagate.
-_KEY_DTYPE = {np.dtype(np.float32): (np.uint32, np.uint32(0x7FFFFFFF)),
-              np.dtype(np.float64): (np.uint64, np.uint64(0x7FFFFFFFFFFFFFFF))}
+from horovod_sparse.ops import magnitude
+
+#: the exchange's magnitude keys are unsigned (what its radix select counts), by value size
+_UNSIGNED = {4: np.uint32, 8: np.uint64}
 
 
 def wire_index_dtype(n):
@@ -19,21 +17,21 @@ def wire_index_dtype(n):
 
 
 def magnitude_keys(values):
-    """Unsigned keys ordered like ``abs(values)`` (NaN largest); float32/float64 only."""
-    key_dtype, mask = _KEY_DTYPE[values.dtype]
-    return np.ascontiguousarray(values).view(key_dtype) & mask
+    """Unsigned keys ordered like ``abs(values)`` (NaN largest); float32/float64 only: the
+    :func:`~horovod_sparse.ops.magnitude.magnitude_keys` of ``values``, read as unsigned."""
+    keys = magnitude.magnitude_keys(np.ascontiguousarray(values))
+    return keys.view(_UNSIGNED[keys.itemsize])
 
 
 def threshold_key(threshold, value_dtype):
-    """The magnitude key of a float ``threshold`` in ``value_dtype``."""
+    """The magnitude key of a float ``threshold`` rounded to ``value_dtype`` (unsigned scalar)."""
     value_dtype = np.dtype(value_dtype)
-    return magnitude_keys(np.array([threshold], dtype=value_dtype))[0]
+    return _UNSIGNED[value_dtype.itemsize](magnitude.key_of(threshold, value_dtype))
 
 
 def key_to_magnitude(key, value_dtype):
     """Inverse of :func:`threshold_key`: the float magnitude whose key is ``key``."""
-    key_dtype, _ = _KEY_DTYPE[np.dtype(value_dtype)]
-    return float(np.array([key], dtype=key_dtype).view(value_dtype)[0])
+    return magnitude.magnitude_of(key, value_dtype)
 
 
 def sum_duplicates(index_pieces, value_pieces, value_dtype):

@@ -7,10 +7,10 @@ offending ranks - or every rank goes on.  That turns "bad input on one rank"
 and "ranks called with different n / algorithm / k / call order" into a clear
 error everywhere instead of a hang or silent corruption.
 
-Every exchange builds its header the same way: :func:`agree_call` (identity fields, call
-counter, tag, local error -> the agreed table, or ExchangeError on every rank), with
-:func:`identity_code` for the parameters that must match; :func:`agree` is the
-underlying collective on a ready header dict.
+Every exchange (sparse allreduce, compressed allreduce, PowerSGD) agrees the same way:
+:func:`agree_call` (identity fields, call counter, tag, local error -> the agreed table,
+or ExchangeError on every rank), with :func:`identity_code` for the parameters that
+must match.
 """
 import zlib
 
@@ -41,6 +41,8 @@ def tag_as_int64(tag):
         return None
     tag = int(tag)
     return tag if -2 ** 63 <= tag < 2 ** 63 else None
+
+
 VALUE_DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 
 
@@ -128,7 +130,8 @@ def agree_call(comm, *, n, call, tag, params, error_code=0, error_detail=0, algo
                value_dtype=1, count=0, algorithm_names=(), exchange="sparse allreduce",
                error_texts=None):
     """Build this rank's agreement header and agree on it: the one helper every exchange
-    (sparse allreduce, compressed allreduce, PowerSGD, FFT) calls before any data moves.
+    (sparse allreduce, compressed allreduce, PowerSGD) calls before any data moves. One
+    ``Allgather`` of the int64 headers (dicts over HEADER_FIELDS).
 
     n, algorithm, k, params (:func:`identity_code`), value_dtype : the call's identity,
         which every rank must share (algorithm: an index into ``algorithm_names``).
@@ -140,24 +143,15 @@ def agree_call(comm, *, n, call, tag, params, error_code=0, error_detail=0, algo
     count : a per-rank number the caller wants from every rank (e.g. its entry count).
     exchange : the name the error message gives the exchange.
 
-    Returns the agreed table as {field: int64 array of P values}. Raises ExchangeError,
-    the same on every rank, naming the offending ranks and fields.
+    Returns the agreed table as {field: int64 array of P values} (callers reuse the
+    per-rank ``count`` without another collective). Raises ExchangeError, the same on
+    every rank, naming the offending ranks and fields.
     """
     tag_value = tag_as_int64(tag)
     if tag_value is None:  # reported by every rank through the header, never raised alone
         tag_value, error_code = 0, error_code or TAG_ERROR_CODE
     header = dict(error_code=error_code, error_detail=error_detail, n=n, algorithm=algorithm, k=k,
                   call=call, value_dtype=value_dtype, params=params, count=count, tag=tag_value)
-    return agree(comm, header, algorithm_names, exchange=exchange, error_texts=error_texts)
-
-
-def agree(comm, header, algorithm_names=(), exchange="sparse allreduce", error_texts=None):
-    """Allgather the int64 ``header`` (dict over HEADER_FIELDS); raise on any problem.
-
-    Returns the (P, len(HEADER_FIELDS)) int64 table of all headers, so callers can
-    reuse the per-rank ``count`` column without another collective. ``exchange`` and
-    ``error_texts`` as in :func:`agree_call`.
-    """
     texts = {**_ERROR_TEXT, **(error_texts or {})}
     mine = np.array([int(header[f]) for f in HEADER_FIELDS], dtype=np.int64)
     table = np.empty((comm.size, mine.size), dtype=np.int64)

@@ -2,7 +2,7 @@
 range-based float codes -> sparse allreduce of the spectrum -> inverse rfft -> residual.
 
 FFT-based gradient sparsification (Wang et al., HPDC'20). The buffer is numpy or a torch
-tensor on any device and the step runs there (:mod:`horovod_sparse.ops.tensors`; CPU
+tensor on any device and the step runs there (:mod:`horovod_sparse.ops`; CPU
 tensors through numpy's kernels on zero-copy views, the same bits as numpy input). Only
 the kept (position, value) pairs cross to the host, into the sparse engine, and the
 summed pairs come back. Per step on every rank:
@@ -67,10 +67,11 @@ from typing import Any, Optional
 import numpy as np
 
 from horovod_sparse.checks import check_int
-from horovod_sparse.closing import ClosesOnExit
-from horovod_sparse.exchange import ALGORITHMS, SparseAllreduce, Traffic, mask_in_sorted
+from horovod_sparse.exchange import SparseAllreduce, mask_in_sorted
 from horovod_sparse.memory import ErrorFeedback
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import host, kernels, namespace, views
+from horovod_sparse.ops.indices import take
+from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, saved_array
 from horovod_sparse.quantize.rangefloat import SPLITS, RangeFloatCodec
 
 from .selection import TopCoefficients
@@ -78,7 +79,6 @@ from .spectrum import ChunkedSpectrum, coefficient_positions
 
 EXCHANGES = ("allgather", "oktopk")
 SCHEDULES = ("constant", "linear")
-_STATE_FORMAT = 1
 
 
 class FFTStepInfo:
@@ -119,8 +119,9 @@ def check_theta(name, value):
     return float(value)
 
 
-class FFTSparsifier(ClosesOnExit):
-    """State of one FFT-compressed gradient buffer of length ``n`` on this rank.
+class FFTSparsifier(Pipeline):
+    """State of one FFT-compressed gradient buffer of length ``n`` on this rank (a
+    :class:`~horovod_sparse.pipeline.Pipeline`).
 
     Parameters
     ----------
@@ -146,8 +147,6 @@ class FFTSparsifier(ClosesOnExit):
     views, the same bits as numpy input; False runs torch's, as on a GPU).
     """
 
-    numpy_on_cpu = True
-
     def __init__(self, n, comm, theta=0.9, bits=8, chunk_size=1024, exchange="allgather",
                  theta_schedule="constant", theta_final=None, decay_steps=0, error_feedback=True,
                  block_size=256, exchange_params=None):
@@ -172,11 +171,10 @@ class FFTSparsifier(ClosesOnExit):
         k = max(1, 2 * self.kept_for(0)) if exchange == "oktopk" else None
         self.engine = SparseAllreduce(self.spectrum.size, exchange, k=k, comm=comm, average=False,
                                       value_codec=self.codec, **(exchange_params or {}))
+        self._exchanges = (self.engine,)
         self.rank = self.engine.rank
         self.memory = ErrorFeedback(self.n, self.error_feedback)
         self.selection = TopCoefficients()
-        self._workspace = None
-        self.step_count = 0
         self.last: Optional[FFTStepInfo] = None
 
     # -------------------------------------------------------------- schedule
@@ -191,11 +189,6 @@ class FFTSparsifier(ClosesOnExit):
         """Complex coefficients kept at ``step``: C - floor(theta * C) (>= 1 when C >= 1)."""
         total = self.spectrum.n_coefficients
         return total - min(total - 1, math.floor(self.theta_at(step) * total)) if total else 0
-
-    @property
-    def traffic(self):
-        """Cumulative Traffic of this buffer's exchanges on this rank."""
-        return self.engine.traffic
 
     @property
     def residual(self):
@@ -223,84 +216,57 @@ class FFTSparsifier(ClosesOnExit):
         theta, kept_count = self.theta_at(self.step_count), self.kept_for(self.step_count)
         keys = self.spectrum.energy_keys(spectrum, ws.keys, ws.squares, ws.energy_block)
         coefficients = self.selection.select(keys, kept_count, ws.mask)               # step 3
-        positions = coefficient_positions(coefficients, tensors.empty(2 * kept_count, "int64", keys))
-        values = tensors.take(spectrum.reshape(-1, 2), coefficients).reshape(-1)
-        positions, values = tensors.as_like(positions, acc), tensors.as_like(values, acc)
+        positions = coefficient_positions(coefficients, namespace.empty(2 * kept_count, "int64", keys))
+        values = take(spectrum.reshape(-1, 2), coefficients).reshape(-1)
+        positions, values = views.as_like(positions, acc), views.as_like(values, acc)
         if self.exchange == "oktopk":
             self.engine.set_k(max(1, 2 * kept_count))
-        sent = tensors.to_host(positions)
-        result = self.engine.allreduce(sent, tensors.to_host(values), tag=tag)       # step 4
+        sent = host.to_host(positions)
+        result = self.engine.allreduce(sent, host.to_host(values), tag=tag)       # step 4
 
-        decoded = tensors.from_host(result.sent_values, acc)  # aligned with positions (sorted)
+        decoded = host.from_host(result.sent_values, acc)  # aligned with positions (sorted)
         cleared, kept_values = positions, decoded
         if self.exchange == "oktopk":
             consumed = mask_in_sorted(sent, np.asarray(result.selected, dtype=np.int64))
-            cleared = tensors.from_host(sent[consumed], acc)
-            kept_values = tensors.from_host(result.sent_values[consumed], acc)
-        out = tensors.new_empty(self.n, "float32", acc)
+            cleared = host.from_host(sent[consumed], acc)
+            kept_values = host.from_host(result.sent_values[consumed], acc)
+        out = namespace.new_empty(self.n, "float32", acc)
         if self.error_feedback:                                                      # step 6
             self._inverse_sparse(cleared, kept_values, out, ws)
             self.memory.commit_minus(acc, out)
-        self._inverse_sparse(tensors.from_host(result.indices, acc),                 # step 5
-                             tensors.from_host(result.values, acc), out, ws)
+        self._inverse_sparse(host.from_host(result.indices, acc),                 # step 5
+                             host.from_host(result.values, acc), out, ws)
         self.last = FFTStepInfo(self.step_count, kept_count, theta, result.traffic, positions, decoded,
                                 cleared, lambda: self._kept(cleared, kept_values, ws))
         self.step_count += 1
         return out
 
-    def _kernel(self, x):
-        return tensors.kernel_view(x, self.numpy_on_cpu)
-
-    def _workspace_for(self, like):
-        if self._workspace is None or self._workspace.place != _place(like, self.numpy_on_cpu):
-            self._workspace = _Workspace(self.spectrum, like, self.numpy_on_cpu)
-        return self._workspace
+    def _new_workspace(self, like):
+        return _Workspace(self.spectrum, like, self.numpy_on_cpu)
 
     def _inverse_sparse(self, positions, values, out, ws):
         """out = the inverse transform of the spectrum that is ``values`` at ``positions``
         and zero elsewhere (through the workspace's spectrum buffer)."""
         spectrum = self._kernel(ws.spectrum)
         spectrum[...] = 0
-        tensors.put(spectrum, self._kernel(positions), self._kernel(values))
+        kernels.put(spectrum, self._kernel(positions), self._kernel(values))
         self.spectrum.inverse(spectrum, self._kernel(out))
         return out
 
     def _kept(self, positions, values, ws):
         """irfft of this rank's decoded kept spectrum (see :class:`FFTStepInfo`)."""
-        kept = tensors.new_empty(self.n, "float32", ws.spectrum)
+        kept = namespace.new_empty(self.n, "float32", ws.spectrum)
         return self._inverse_sparse(positions, values, kept, ws)
 
     # ----------------------------------------------------------- checkpoints
-    def state_dict(self):
-        """numpy arrays and ints only: residual, step counter, engine state."""
-        d = {"format": _STATE_FORMAT, "n": self.n, "step": self.step_count,
-             "residual": self.memory.state_dict()["residual"]}
-        engine = dict(self.engine.state_dict())
-        engine["algorithm"] = ALGORITHMS.index(engine["algorithm"])
-        d.update({"engine_" + key: v for key, v in engine.items()})
-        return d
+    def _own_state(self):
+        """The residual and the engine's state (prefixed)."""
+        return {"residual": self.memory.state_dict()["residual"], **engine_state("engine_", self.engine)}
 
-    def load_state_dict(self, d):
-        """Restore :meth:`state_dict` (same n and world size; each rank its own)."""
-        if int(d.get("format", -1)) != _STATE_FORMAT or int(d.get("n", -1)) != self.n:
-            raise ValueError(f"state_dict is for format {d.get('format')!r} and n={d.get('n')!r}; "
-                             f"this pipeline has format {_STATE_FORMAT} and n={self.n}")
-        residual = np.asarray(d["residual"])
-        if residual.shape != (self.n,):
-            raise ValueError(f"state_dict residual must have shape ({self.n},), got {residual.shape}")
-        engine = {key[len("engine_"):]: v for key, v in d.items() if key.startswith("engine_")}
-        code = int(engine.get("algorithm", -1))
-        engine["algorithm"] = ALGORITHMS[code] if 0 <= code < len(ALGORITHMS) else code
-        engine = {key: (int(v) if key in ("format", "n", "world_size", "calls") else v)
-                  for key, v in engine.items()}
-        self.engine.load_state_dict(engine)
+    def _load_own_state(self, state):
+        residual = saved_array(state, "residual", (self.n,))
+        load_engine_state(self.engine, state, "engine_")
         self.memory.load_state_dict({"residual": residual})
-        self.step_count = int(d["step"])
-        self.last = None
-
-    def close(self):
-        """Free the engine's communicator (idempotent)."""
-        self.engine.close()
 
     def __repr__(self):
         return (f"FFTSparsifier(n={self.n}, theta={self.theta}, bits={self.bits}, "
@@ -314,28 +280,22 @@ class _Workspace:
     ``squares`` (energy scratch)."""
 
     def __init__(self, spectrum, like, numpy_on_cpu):
-        self.place = _place(like, numpy_on_cpu)
-        self.spectrum = tensors.empty(spectrum.size, "float32", like)
-        work = tensors.kernel_view(self.spectrum, numpy_on_cpu)
-        on_cpu = not tensors.is_torch(work) or work.device.type == "cpu"
+        self.spectrum = namespace.empty(spectrum.size, "float32", like)
+        work = views.kernel_view(self.spectrum, numpy_on_cpu)
+        on_cpu = not namespace.is_torch(work) or work.device.type == "cpu"
         count = spectrum.n_coefficients
         self.energy_block = 1 << 16 if on_cpu else max(count, 1)
-        self.keys = tensors.empty(count, "float32", work)
-        self.mask = tensors.empty(count, "bool", work)
-        self.squares = tensors.empty(2 * min(count, self.energy_block), "float32", work)
-
-
-def _place(like, numpy_on_cpu):
-    """Where a workspace's buffers live and which kernels run on them."""
-    return tensors.is_torch(like), str(getattr(like, "device", "")), bool(numpy_on_cpu)
+        self.keys = namespace.empty(count, "float32", work)
+        self.mask = namespace.empty(count, "bool", work)
+        self.squares = namespace.empty(2 * min(count, self.energy_block), "float32", work)
 
 
 def _float32(grad, n):
     """``grad`` as a contiguous 1-D float32 buffer of length n (numpy or torch), or ValueError."""
-    if tensors.is_torch(grad):
+    if namespace.is_torch(grad):
         g = grad.detach()
         if g.dim() == 1 and g.numel() == n and g.is_floating_point():
-            return g.to(tensors.dtype_of(g, "float32")).contiguous()
+            return g.to(namespace.dtype_of(g, "float32")).contiguous()
     else:
         g = np.asarray(grad)
         if g.ndim == 1 and g.size == n and g.dtype.kind == "f":

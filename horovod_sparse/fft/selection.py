@@ -21,7 +21,7 @@ numpy and torch select the same from the same keys).
 """
 import math
 
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import indices, kernels, magnitude, namespace
 
 
 class TopCoefficients:
@@ -37,18 +37,18 @@ class TopCoefficients:
         lower position, in keys' library; ``mask``: a bool buffer like ``keys`` (scratch)."""
         size = int(keys.shape[0])
         if k >= size:
-            return tensors.arange(size, keys)
+            return namespace.arange(size, keys)
         if k <= 0:
-            return tensors.empty(0, "int64", keys)
+            return namespace.empty(0, "int64", keys)
         candidates = None                                                           # step 1
-        if self.bound is not None and tensors.count_at_least(keys, self.bound, mask) >= k:
-            candidates = tensors.compact(mask)                                      # step 2
-        pool = keys if candidates is None else tensors.take(keys, candidates)
+        if self.bound is not None and kernels.count_at_least(keys, self.bound, mask) >= k:
+            candidates = indices.compact(mask)                                      # step 2
+        pool = keys if candidates is None else indices.take(keys, candidates)
         pool_size = int(pool.shape[0])                                              # steps 3, 4
-        kth, self.bound = tensors.kth_largests(pool, [k, min(pool_size, math.ceil(self.slack * k))])
+        kth, self.bound = magnitude.kth_largests(pool, [k, min(pool_size, math.ceil(self.slack * k))])
         chosen = pool > kth
-        above = tensors.count_nonzero(chosen)
+        above = indices.count_nonzero(chosen)
         if above < k:
-            chosen[tensors.flatnonzero(pool == kth)[:k - above]] = True
-        picked = tensors.flatnonzero(chosen)
-        return picked if candidates is None else tensors.take(candidates, picked)
+            chosen[indices.flatnonzero(pool == kth)[:k - above]] = True
+        picked = indices.flatnonzero(chosen)
+        return picked if candidates is None else indices.take(candidates, picked)

@@ -19,7 +19,7 @@ L) Nyquist coefficients and 2 for the others, whose negative-frequency twins are
 implied; ``weight * |X|**2`` is the energy a coefficient carries into the signal, and
 what :meth:`ChunkedSpectrum.energy_keys` ranks.
 """
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import magnitude, namespace, views
 
 #: coefficients per block when the energies are computed (the squares stay in cache)
 _ENERGY_BLOCK = 1 << 16
@@ -48,16 +48,16 @@ class ChunkedSpectrum:
         parts = []
         if self.full_chunks:
             parts.append((signal[:split].reshape(self.full_chunks, self.chunk_size),
-                          tensors.complex_view(spectrum[:split_c]).reshape(self.full_chunks, -1),
+                          views.complex_view(spectrum[:split_c]).reshape(self.full_chunks, -1),
                           self.chunk_size))
         if self.tail:
-            parts.append((signal[split:], tensors.complex_view(spectrum[split_c:]), self.tail))
+            parts.append((signal[split:], views.complex_view(spectrum[split_c:]), self.tail))
         return parts
 
     def forward(self, x, out):
         """Write the float32 spectrum (length ``size``, re/im interleaved) of the float32
         buffer ``x`` into ``out`` (same library and device); return ``out``."""
-        fft = tensors.backend(x).fft
+        fft = namespace.backend(x).fft
         for signal, coefficients, _ in self._parts(x, out):
             fft.rfft(signal, None, -1, "ortho", out=coefficients)
         return out
@@ -66,7 +66,7 @@ class ChunkedSpectrum:
         """Write the float32 buffer (length ``n``) of ``spectrum`` (length ``size``) into
         ``out``; return it. The imaginary parts of DC and Nyquist coefficients are
         ignored (irfft's convention)."""
-        fft = tensors.backend(spectrum).fft
+        fft = namespace.backend(spectrum).fft
         for signal, coefficients, length in self._parts(out, spectrum):
             fft.irfft(coefficients, length, -1, "ortho", out=signal)
         return out
@@ -79,10 +79,10 @@ class ChunkedSpectrum:
 
         Computed in float32 as (re*re + im*im), halved for DC and Nyquist: scaling by a
         power of two ranks like the weights 1 and 2 do, and cannot overflow. The keys are
-        the float bits (:func:`~horovod_sparse.ops.tensors.magnitude_keys`): exact integer
+        the float bits (:func:`~horovod_sparse.ops.magnitude.magnitude_keys`): exact integer
         comparisons, NaN above everything.
         """
-        lib = tensors.backend(spectrum)
+        lib = namespace.backend(spectrum)
         pairs = spectrum.reshape(-1, 2)
         for start in range(0, self.n_coefficients, block):
             stop = min(start + block, self.n_coefficients)
@@ -94,7 +94,7 @@ class ChunkedSpectrum:
             _halve_edges(out[:full].reshape(self.full_chunks, -1), self.chunk_size)
         if self.tail:
             _halve_edges(out[full:].reshape(1, -1), self.tail)
-        return tensors.magnitude_keys(out, out=tensors.int_view(out))
+        return magnitude.magnitude_keys(out, out=views.int_view(out))
 
 
 def _halve_edges(energies, length):
@@ -108,7 +108,7 @@ def coefficient_positions(coefficients, out):
     """Float positions (2j, 2j + 1) of sorted int64 coefficients j, written into the int64
     buffer ``out`` (twice as long, same library); returns it, sorted."""
     pairs = out.reshape(-1, 2)
-    lib = tensors.backend(out)
+    lib = namespace.backend(out)
     lib.multiply(coefficients, 2, out=pairs[:, 0])
     lib.add(pairs[:, 0], 1, out=pairs[:, 1])
     return out

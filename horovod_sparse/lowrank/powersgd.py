@@ -4,12 +4,12 @@ One :class:`PowerSGDPipeline` holds what one fused gradient buffer of length ``n
 this rank from step to step: the error-feedback memory (:class:`~horovod_sparse.memory.ErrorFeedback`),
 the warm-start Q of every compressed matrix, a step counter and a
 :class:`~horovod_sparse.exchange.comm.CountingComm` (a duplicated communicator that counts
-every byte). It has the interface of :class:`~horovod_sparse.sparsify.Sparsifier`, so the
-frontends drive it the same way.
+every byte). It is a :class:`~horovod_sparse.pipeline.Pipeline`, so the frontends drive it
+as the others.
 
 The buffer is numpy or a torch tensor on any device, and the step runs there
-(:mod:`horovod_sparse.ops.tensors`; on CPU through numpy's kernels on zero-copy views,
-:func:`~horovod_sparse.ops.tensors.kernel_view`). Only the factors cross to the host, for
+(:mod:`horovod_sparse.ops`; on CPU through numpy's kernels on zero-copy views,
+:func:`~horovod_sparse.ops.views.kernel_view`). Only the factors cross to the host, for
 the two mpi4py Allreduces: P and the dense vector out, their sum back as the orthonormal
 basis and the dense sum; Q out, its sum back; the start Q's in.
 
@@ -53,18 +53,17 @@ from typing import Optional
 import numpy as np
 
 from horovod_sparse.checks import check_bool, check_int
-from horovod_sparse.closing import ClosesOnExit
 from horovod_sparse.exchange.comm import CountingComm
 from horovod_sparse.exchange.errors import ExchangeError
 from horovod_sparse.exchange.validation import agree_call, identity_code
 from horovod_sparse.memory import ErrorFeedback
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import host, namespace
+from horovod_sparse.pipeline import Pipeline, saved_array
 
 from .factors import BlockView, back_project, expand_block, project, scratch_elements, transposed
 from .orthogonal import orthonormalize
 from .plan import make_plan
 
-_STATE_FORMAT = 1
 #: error code of this rank's header when its gradient is not a 1-D float array of length n
 #: (``error_detail`` holds the length seen, -1 when it is not even 1-D)
 BAD_GRADIENT_CODE = 20
@@ -112,22 +111,22 @@ class _Workspace:
     P's, float32) and ``start`` (the orthonormalised start Q's).
     """
 
-    def __init__(self, plan, like, numpy_on_cpu):
-        self.place = _place(like, numpy_on_cpu)
+    def __init__(self, plan, like):
         p, q, dense = plan.p_size, plan.q_size, plan.dense_size
-        self.send = tensors.empty(p + dense, "float32", like)
-        self.q_send = tensors.empty(q, "float32", like)
+        self.send = namespace.empty(p + dense, "float32", like)
+        self.q_send = namespace.empty(q, "float32", like)
         self.dense_positions = _moved(plan.dense_positions(), like)
         self.p_summed, self.q_summed = np.empty(p + dense, np.float32), np.empty(q, np.float32)
         self.basis, self.start = np.empty(p, np.float32), np.empty(q, np.float32)
-        on_cpu = not tensors.is_torch(like) or like.device.type == "cpu"
+        on_cpu = not namespace.is_torch(like) or like.device.type == "cpu"
         self.chunk = _CPU_CHUNK if on_cpu else max([b.rows * b.cols for b in plan.matrices] or [1])
         size = scratch_elements(plan.matrices, self.chunk)
-        self.scratch = (tensors.empty(size, "float32", like), tensors.empty(size, "float32", like))
+        self.scratch = (namespace.empty(size, "float32", like), namespace.empty(size, "float32", like))
 
 
-class PowerSGDPipeline(ClosesOnExit):
-    """State of one PowerSGD-compressed gradient buffer of length ``n`` on this rank.
+class PowerSGDPipeline(Pipeline):
+    """State of one PowerSGD-compressed gradient buffer of length ``n`` on this rank (a
+    :class:`~horovod_sparse.pipeline.Pipeline`).
 
     Parameters
     ----------
@@ -166,8 +165,6 @@ class PowerSGDPipeline(ClosesOnExit):
     Q then spans it). Fresh spaces every step with a warm Q are not covered.
     """
 
-    numpy_on_cpu = True
-
     def __init__(self, n, comm, rank, layout=None, error_feedback=True, warm_start=True, seed=0,
                  min_compression_rate=2.0):
         self.n = check_int("n", n, 0)
@@ -192,11 +189,10 @@ class PowerSGDPipeline(ClosesOnExit):
         self._spans = _factor_spans(self.plan)
 
         self._comm = CountingComm(comm)  # collective: after every local check
+        self._exchanges = (self._comm,)
         self.world_rank, self.world_size = self._comm.rank, self._comm.size
         self._memory = ErrorFeedback(self.n, self.error_feedback)
         self._q = [self._draw(i, 0) for i in range(len(self.plan.matrices))]
-        self._workspace = None
-        self.step_count = 0
         self._calls = 0
         self.last: Optional[PowerSGDStepInfo] = None
 
@@ -204,11 +200,6 @@ class PowerSGDPipeline(ClosesOnExit):
     @property
     def residual(self):
         return self._memory.residual if self.error_feedback else None
-
-    @property
-    def traffic(self):
-        """Cumulative Traffic of this buffer's exchanges on this rank."""
-        return self._comm.traffic
 
     @property
     def q_matrices(self):
@@ -233,11 +224,11 @@ class PowerSGDPipeline(ClosesOnExit):
     def _checked(self, grad):
         """(error code, detail, grad as contiguous float32 or None): reported by the agreement."""
         try:
-            if tensors.is_torch(grad):
+            if namespace.is_torch(grad):
                 g = grad.detach()
                 if g.dim() != 1 or g.numel() != self.n or not g.is_floating_point():
                     return BAD_GRADIENT_CODE, g.numel() if g.dim() == 1 else -1, None
-                return 0, 0, g.to(tensors.dtype_of(g, "float32")).contiguous()
+                return 0, 0, g.to(namespace.dtype_of(g, "float32")).contiguous()
             g = np.asarray(grad)
             if g.ndim != 1 or g.size != self.n or g.dtype.kind != "f":
                 return BAD_GRADIENT_CODE, g.size if g.ndim == 1 else -1, None
@@ -275,36 +266,36 @@ class PowerSGDPipeline(ClosesOnExit):
         ws = self._workspace_for(acc)
         kernel = self._kernel
         m = kernel(acc)
-        lib = tensors.backend(m)
+        lib = namespace.backend(m)
         blocks = [BlockView(m, block) for block in plan.matrices]
 
         for i, (block, _, q_span) in enumerate(self._spans):                        # step 2
             ws.start[q_span] = self._start_q(i, self.step_count).ravel()
-        start = kernel(tensors.from_host(ws.start, acc))
+        start = kernel(host.from_host(ws.start, acc))
 
         send = kernel(ws.send)                                                      # step 3
         for view, (block, p_span, q_span) in zip(blocks, self._spans):
             project(lib, view, _factor(start, q_span, block.cols), _factor(send, p_span, block.rows))
         _gather_dense(plan, m, send[plan.p_size:])
-        p_summed = self._allreduce(tensors.to_host(ws.send), ws.p_summed)
+        p_summed = self._allreduce(host.to_host(ws.send), ws.p_summed)
 
         for block, p_span, _ in self._spans:                                        # step 4
             basis, _ = orthonormalize(p_summed[p_span].reshape(block.rows, block.rank))
             ws.basis[p_span] = basis.ravel()
-        basis = tensors.from_host(ws.basis, acc)
+        basis = host.from_host(ws.basis, acc)
 
         q_local = kernel(ws.q_send)                                                 # step 5
         for view, (block, p_span, q_span) in zip(blocks, self._spans):
             back_project(lib, view, _factor(kernel(basis), p_span, block.rows),
                          _factor(q_local, q_span, block.cols))
-        q_summed = self._allreduce(tensors.to_host(ws.q_send), ws.q_summed)
-        q_sum = tensors.from_host(q_summed, acc)
+        q_summed = self._allreduce(host.to_host(ws.q_send), ws.q_summed)
+        q_sum = host.from_host(q_summed, acc)
 
         # Step 6 in the buffer's own library: element-wise work, where torch's CPU kernels
         # beat numpy's broadcasting ones (4096 x 2048 outer product: 1 vs 4 ms).
-        out = tensors.new_empty(self.n, "float32", acc)                             # step 6
+        out = namespace.new_empty(self.n, "float32", acc)                             # step 6
         self._expand(out, basis, q_sum, ws)
-        _scatter_dense(plan, tensors.from_host(p_summed[plan.p_size:], acc), out)
+        _scatter_dense(plan, host.from_host(p_summed[plan.p_size:], acc), out)
         factors = (_copy(basis), _copy(ws.q_send), _copy(ws.send[plan.p_size:]))
         if self.error_feedback:
             self._expand(acc, basis, ws.q_send, ws, subtract=True)
@@ -317,17 +308,12 @@ class PowerSGDPipeline(ClosesOnExit):
         self.step_count += 1
         return out
 
-    def _kernel(self, x):
-        return tensors.kernel_view(x, self.numpy_on_cpu)
-
-    def _workspace_for(self, like):
-        if self._workspace is None or self._workspace.place != _place(like, self.numpy_on_cpu):
-            self._workspace = _Workspace(self.plan, like, self.numpy_on_cpu)
-        return self._workspace
+    def _new_workspace(self, like):
+        return _Workspace(self.plan, like)
 
     def _expand(self, target, basis, q, ws, subtract=False):
         """For every matrix: target's block = (or -=) basis q^T (see :func:`.factors.expand_block`)."""
-        lib = tensors.backend(target)
+        lib = namespace.backend(target)
         for block, p_span, q_span in self._spans:
             expand_block(lib, BlockView(target, block), transposed(_factor(basis, p_span, block.rows)),
                          transposed(_factor(q, q_span, block.cols)), ws.scratch, ws.chunk,
@@ -335,7 +321,7 @@ class PowerSGDPipeline(ClosesOnExit):
 
     def _kept(self, like, basis, q_local, dense):
         """This rank's contribution, from the step's factors (see :class:`PowerSGDStepInfo`)."""
-        kept = tensors.new_empty(self.n, "float32", like)
+        kept = namespace.new_empty(self.n, "float32", like)
         self._expand(kept, basis, q_local, self._workspace_for(like))
         _scatter_dense(self.plan, dense, kept)
         return kept
@@ -348,40 +334,23 @@ class PowerSGDPipeline(ClosesOnExit):
         return out
 
     # ------------------------------------------------------------ checkpoints
-    def state_dict(self):
-        """numpy arrays and ints only: residual, warm-start Q's, step and call counters."""
+    def _identity(self):
+        """Also the layout and parameters (as one code) and the number of matrices."""
+        return {**super()._identity(), "params": self._params_code, "q_count": len(self._q)}
+
+    def _own_state(self):
+        """The call counter, the residual (empty without error feedback), the warm-start Q's."""
         residual = self._memory.state_dict()["residual"] if self.error_feedback else np.empty(0, np.float32)
-        d = {"format": _STATE_FORMAT, "n": self.n, "params": self._params_code,
-             "step": self.step_count, "calls": self._calls, "q_count": len(self._q),
-             "residual": residual}
+        d = {"calls": self._calls, "residual": residual}
         d.update({f"q_{i}": q.copy() for i, q in enumerate(self._q)})
         return d
 
-    def load_state_dict(self, d):
-        """Restore :meth:`state_dict` (same n, layout and parameters; each rank its own)."""
-        mine = {"format": _STATE_FORMAT, "n": self.n, "params": self._params_code,
-                "q_count": len(self._q)}
-        for key, value in mine.items():
-            if int(d.get(key, -1)) != value:
-                raise ValueError(f"state_dict {key} is {d.get(key)!r}, this PowerSGD pipeline has "
-                                 f"{value!r} (different n, layout or parameters)")
-        qs = [np.asarray(d[f"q_{i}"], np.float32) for i in range(len(self._q))]
-        for q, own in zip(qs, self._q):
-            if q.shape != own.shape:
-                raise ValueError(f"state_dict Q of shape {q.shape}, expected {own.shape}")
-        residual = np.asarray(d["residual"], np.float32)
-        if self.error_feedback and residual.shape != (self.n,):
-            raise ValueError(f"state_dict residual has shape {residual.shape}, expected ({self.n},)")
+    def _load_own_state(self, state):
+        qs = [saved_array(state, f"q_{i}", own.shape) for i, own in enumerate(self._q)]
         if self.error_feedback:
-            self._memory.load_state_dict({"residual": residual})
+            self._memory.load_state_dict({"residual": saved_array(state, "residual", (self.n,))})
         self._q = [q.copy() for q in qs]
-        self.step_count = int(d["step"])
-        self._calls = int(d["calls"])
-        self.last = None
-
-    def close(self):
-        """Free the duplicated communicator (idempotent)."""
-        self._comm.free()
+        self._calls = int(state["calls"])
 
     def __repr__(self):
         return (f"PowerSGDPipeline(n={self.n}, rank={self.approx_rank}, "
@@ -422,17 +391,12 @@ def _scatter_dense(plan, dense, buffer):
 
 
 def _copy(x):
-    return x.clone() if tensors.is_torch(x) else x.copy()
-
-
-def _place(like, numpy_on_cpu):
-    """Where a workspace's buffers live and which kernels run on them."""
-    return tensors.is_torch(like), str(getattr(like, "device", "")), bool(numpy_on_cpu)
+    return x.clone() if namespace.is_torch(x) else x.copy()
 
 
 def _moved(array, like):
     """A numpy array (setup data, not per-step traffic) in ``like``'s library and device."""
-    if not tensors.is_torch(like):
+    if not namespace.is_torch(like):
         return array
     import torch
     return torch.from_numpy(array).to(like.device)

@@ -1,12 +1,22 @@
-"""Array operations: the small vocabulary the compressors' math is written in.
+"""Array operations: the small vocabularies the compressors' math is written in.
 
-Each compressor in :mod:`horovod_sparse.compressors` is written once against the
-methods of :class:`~horovod_sparse.ops.base.ArrayOps`; the three implementations
-(numpy, torch, TensorFlow) make the same math run in each framework. numpy is the
-reference: tests compare the frameworks against it.
+Two of them, for two kinds of compressor:
 
-The torch and TensorFlow implementations live in their own modules so that importing
-one framework's frontend never imports the other framework.
+* :class:`~horovod_sparse.ops.base.ArrayOps`, for the compressors carried by Horovod's
+  own allreduce (:mod:`horovod_sparse.compressors`): each is written once against its
+  methods, and the three implementations (``numpy_ops``, ``torch_ops``, ``tf_ops``) make
+  the same math run in each framework. numpy is the reference: tests compare the
+  frameworks against it. The torch and TensorFlow implementations live in their own
+  modules so that importing one framework's frontend never imports the other framework.
+* functions over numpy arrays and torch tensors, for the out-of-band pipelines, one topic
+  a module: ``namespace`` (which library and device), ``views`` (zero-copy views),
+  ``kernels`` (in-place arithmetic), ``indices``, ``magnitude`` (magnitude keys), ``host``
+  (crossing to mpi4py, counted).
+
+Example::
+
+    from horovod_sparse.ops import NumpyOps
+    NumpyOps().gather(np.arange(5.0), np.array([1, 3]))   # array([1., 3.])
 """
 from horovod_sparse.ops.base import ArrayOps, random_indices
 from horovod_sparse.ops.numpy_ops import NumpyOps

@@ -1,6 +1,8 @@
 """The array-operations interface, and the one random-index generator every framework shares."""
 import numpy as np
 
+from horovod_sparse.ops.kernels import zero_at
+
 # Floating dtypes the compressors work on, by name. Names (not framework dtype objects)
 # are what the math layer sees, so the same code runs over every framework.
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -87,23 +89,19 @@ class ArrayOps:
         """A dense 1-D tensor of length ``n``: ``values`` at ``indices``, zero elsewhere."""
         raise NotImplementedError
 
-    def zero_at(self, flat, indices):
-        """A copy of the 1-D ``flat`` with zeros at ``indices``."""
-        raise NotImplementedError
-
-    # In-place variants: frameworks with mutable tensors (PyTorch) override them to reuse
-    # buffers (a new 100 MB buffer per call costs its page faults, more than the math);
-    # the defaults are the functional ops above, so numpy (the oracle) and TensorFlow
-    # compute the very same values.
+    # Random-k's error feedback (see horovod_sparse.memory): frameworks with mutable tensors
+    # work in place to reuse buffers (a new 100 MB buffer per call costs its page faults, more
+    # than the math); TensorFlow's tensors are immutable, so it overrides with functional ops.
+    # In place or not, the values are the same bits.
     def add_to_residual(self, slot, t):
         """``t + residual``, the step's working copy of the residual (PyTorch: the residual
         itself, added to in place). Write it back with :meth:`write_residual`."""
         return self.add(t, self.read_residual(slot))
 
     def zero_at_(self, flat, indices):
-        """``flat`` with zeros at ``indices``; in place where ``flat`` is a working copy the
-        caller owns (from :meth:`add_to_residual`), else :meth:`zero_at`."""
-        return self.zero_at(flat, indices)
+        """``flat`` with zeros at ``indices``, in place (``flat`` is the working copy from
+        :meth:`add_to_residual`, which the caller owns)."""
+        return zero_at(flat, indices)
 
     def scatter_into(self, out, indices, values, n):
         """:meth:`scatter`, written into ``out`` (a tensor of ``n`` elements that is free to
@@ -122,11 +120,15 @@ class ArrayOps:
 
     def load_slot(self, slot, residual, step):
         """Restore an initialised slot from a numpy residual and an int step."""
+        self.check_saved_residual(slot, residual)
+        slot.residual = self.from_numpy(residual, like=slot.residual)
+        slot.step = int(step)
+
+    def check_saved_residual(self, slot, residual):
+        """Raise ValueError unless ``residual`` (numpy) fits the slot's gradient."""
         if residual.shape != (self.numel_of(slot.shape),):
             raise ValueError(f"saved residual of slot {slot.key!r} has shape {residual.shape}, "
                              f"the gradient has {self.numel_of(slot.shape)} elements")
-        slot.residual = self.from_numpy(residual, like=slot.residual)
-        slot.step = int(step)
 
     def slot_to_numpy(self, slot):
         """``(residual as numpy or None, step as int)``."""

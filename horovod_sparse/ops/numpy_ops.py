@@ -34,11 +34,6 @@ class NumpyOps(ArrayOps):
         out[indices] = values
         return out
 
-    def zero_at(self, flat, indices):
-        out = np.array(flat)
-        out[indices] = 0
-        return out
-
     def random_indices(self, seed, stream, step, n, k, like=None):
         return random_indices(seed, stream, step, n, k)
 

@@ -37,7 +37,7 @@ class TFOps(ArrayOps):
     def scatter(self, indices, values, n):
         return tf.scatter_nd(indices[:, None], values, [n])
 
-    def zero_at(self, flat, indices):
+    def zero_at_(self, flat, indices):
         return tf.tensor_scatter_nd_update(flat, indices[:, None], tf.zeros_like(tf.gather(flat, indices)))
 
     def random_indices(self, seed, stream, step, n, k, like=None):
@@ -56,9 +56,7 @@ class TFOps(ArrayOps):
             slot.step = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"step_{slot.stream}")
 
     def load_slot(self, slot, residual, step):
-        if residual.shape != (self.numel_of(slot.shape),):
-            raise ValueError(f"saved residual of slot {slot.key!r} has shape {residual.shape}, "
-                             f"the gradient has {self.numel_of(slot.shape)} elements")
+        self.check_saved_residual(slot, residual)
         slot.residual.assign(residual)
         slot.step.assign(int(step))
 

@@ -29,17 +29,11 @@ class TorchOps(ArrayOps):
     def scatter(self, indices, values, n):
         return torch.zeros(n, dtype=values.dtype, device=values.device).index_copy_(0, indices, values)
 
-    def zero_at(self, flat, indices):
-        return flat.clone().index_fill_(0, indices, 0)
-
     def add_to_residual(self, slot, t):
         r = slot.residual
         if r.dtype != t.dtype or r.device != t.device:
             return t + r
         return r.add_(t)   # t + r and r + t are the same IEEE sums: bitwise the oracle's
-
-    def zero_at_(self, flat, indices):
-        return flat.index_fill_(0, indices, 0)
 
     def scatter_into(self, out, indices, values, n):
         if (out is None or out.numel() != n or out.dtype != values.dtype or out.device != values.device

@@ -7,10 +7,10 @@ random numbers, the same in numpy and torch), sums (fixed-order float32 sums), b
 temporaries), pipeline (error feedback or momentum, then the compressed allreduce of
 :mod:`horovod_sparse.exchange.compressed`).
 """
-from .codec import Float32Codec, ValueCodec, derive_seed
+from .codec import Float32Codec, ValueCodec
 from .codecs import BF16Codec, OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec, TernGradCodec
 from .pipeline import QuantizedPipeline
 from .rangefloat import RangeFloatCodec
 
 __all__ = ["ValueCodec", "Float32Codec", "BF16Codec", "QSGDCodec", "TernGradCodec", "SignCodec",
-           "ScaledSignCodec", "OneBitCodec", "RangeFloatCodec", "QuantizedPipeline", "derive_seed"]
+           "ScaledSignCodec", "OneBitCodec", "RangeFloatCodec", "QuantizedPipeline"]

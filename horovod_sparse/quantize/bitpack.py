@@ -29,7 +29,7 @@ device); :func:`pack`/:func:`unpack` are the allocating numpy interface.
 """
 import numpy as np
 
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import namespace, views
 
 from .scratch import Scratch
 
@@ -91,13 +91,13 @@ def pack_into(codes, bits, count, out, scratch):
     if count == 0:
         return out[:0]
     if bits in (8, 16):  # already the stream
-        out[:nbytes] = codes[:count].view(tensors.dtype_of(codes, "uint8"))[:nbytes]
+        out[:nbytes] = codes[:count].view(namespace.dtype_of(codes, "uint8"))[:nbytes]
         return out[:nbytes]
-    if bits == 1 and tensors.numpy_view(codes) is not None:  # numpy's packbits: one vector pass
-        tensors.numpy_view(out)[:nbytes] = np.packbits(tensors.numpy_view(codes)[:count], bitorder="little")
+    if bits == 1 and views.numpy_view(codes) is not None:  # numpy's packbits: one vector pass
+        views.numpy_view(out)[:nbytes] = np.packbits(views.numpy_view(codes)[:count], bitorder="little")
         return out[:nbytes]
-    lib = tensors.backend(codes)
-    words = codes.view(tensors.dtype_of(codes, "int64"))
+    lib = namespace.backend(codes)
+    words = codes.view(namespace.dtype_of(codes, "int64"))
     temp = scratch.get("pack_temp", words.shape[0], "int64", codes)
     if bits == 1:
         lib.multiply(words, _GATHER_ONE_BIT, out=words)
@@ -119,9 +119,9 @@ def pack_into(codes, bits, count, out, scratch):
         second <<= 4 * bits
         first |= second
         second[...] = spill
-        stream = pairs.view(tensors.dtype_of(codes, "uint8")).reshape(-1, 16)[:, :bits]
+        stream = pairs.view(namespace.dtype_of(codes, "uint8")).reshape(-1, 16)[:, :bits]
     else:
-        stream = words.view(tensors.dtype_of(codes, "uint8")).reshape(-1, 8)[:, :bits]
+        stream = words.view(namespace.dtype_of(codes, "uint8")).reshape(-1, 8)[:, :bits]
     whole = count // 8
     whole_words = _word_view(out[:whole * bits], bits)
     if whole_words is not None:  # 2 or 4 bytes per group: a truncating copy, no byte gather
@@ -144,12 +144,12 @@ def unpack_into(data, bits, count, codes, scratch):
     nbytes = packed_nbytes(count, bits)
     if count == 0:
         return codes[:0]
-    as_bytes = codes.view(tensors.dtype_of(codes, "uint8"))
+    as_bytes = codes.view(namespace.dtype_of(codes, "uint8"))
     if bits in (8, 16):
         as_bytes[:nbytes] = data[:nbytes]
         return codes[:count]
-    lib = tensors.backend(codes)
-    words = codes.view(tensors.dtype_of(codes, "int64"))
+    lib = namespace.backend(codes)
+    words = codes.view(namespace.dtype_of(codes, "int64"))
     temp = scratch.get("pack_temp", words.shape[0], "int64", codes)
     if bits == 1:
         groups = words.shape[0]
@@ -199,7 +199,7 @@ def _copy_rows(dst, src):
     """``dst[...] = src`` for 2-D uint8 arrays of short rows (a group's ``bits`` bytes).
     numpy copies such an array row by row, a loop per 6 bytes; one strided copy per column
     of the widest integer dividing the row is ~5x faster. (torch: one kernel anyway.)"""
-    if tensors.is_torch(dst):
+    if namespace.is_torch(dst):
         dst[...] = src
         return
     width = dst.shape[1]
@@ -212,9 +212,9 @@ def _copy_rows(dst, src):
 def _word_view(groups, bits):
     """The uint8 ``groups`` (whole groups of 8 codes, ``bits`` bytes each) as one int16 or int32
     per group when bits is 2 or 4 (and torch can view it at its offset), else None."""
-    if bits not in (2, 4) or (tensors.is_torch(groups) and groups.storage_offset() % bits):
+    if bits not in (2, 4) or (namespace.is_torch(groups) and groups.storage_offset() % bits):
         return None
-    return groups.view(tensors.dtype_of(groups, "int16" if bits == 2 else "int32"))
+    return groups.view(namespace.dtype_of(groups, "int16" if bits == 2 else "int32"))
 
 
 # ------------------------------------------------------------ numpy interface

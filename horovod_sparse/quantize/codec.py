@@ -29,8 +29,7 @@ pipeline, one call at a time.
 """
 import numpy as np
 
-from horovod_sparse.exchange.seeds import derive_seed  # noqa: F401  (its historical home)
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import namespace, views
 
 from .scratch import Scratch
 
@@ -40,7 +39,7 @@ VALUE_DTYPE = np.float32
 def as_values(values):
     """``values`` as a contiguous 1-D float32 array: a torch tensor stays on its device,
     anything else becomes numpy (copied only if needed)."""
-    if tensors.is_torch(values):
+    if namespace.is_torch(values):
         import torch
         return values.detach().reshape(-1).to(torch.float32).contiguous()
     return np.ascontiguousarray(np.asarray(values).ravel(), dtype=VALUE_DTYPE)
@@ -48,7 +47,7 @@ def as_values(values):
 
 def as_bytes(data):
     """``data`` as a 1-D uint8 array (a torch tensor stays a tensor)."""
-    if tensors.is_torch(data):
+    if namespace.is_torch(data):
         return data.reshape(-1)
     return np.ascontiguousarray(data, dtype=np.uint8).ravel()
 
@@ -107,14 +106,14 @@ class ValueCodec:
         """``out`` checked, or a new uint8 buffer of ``nbytes(count)`` like ``like``."""
         size = self.nbytes(count)
         if out is None:
-            return tensors.new_empty(size, "uint8", like)
+            return namespace.new_empty(size, "uint8", like)
         if out.shape[0] != size:
             raise ValueError(f"out holds {out.shape[0]} bytes, the code of {count} values has {size}")
         return out
 
     @staticmethod
     def _value_buffer(out, count, like):
-        return tensors.new_empty(count, "float32", like) if out is None else out[:count]
+        return namespace.new_empty(count, "float32", like) if out is None else out[:count]
 
     def __repr__(self):
         return f"{type(self).__name__}()"
@@ -124,7 +123,7 @@ def _kernel(x):
     """What a code computes on: a zero-copy numpy view of a CPU tensor (numpy's one-thread
     kernels beat torch's here: no per-call overhead, vectorised casts, shifts and compares;
     IEEE float32 and integer arithmetic, so the same bits), else ``x`` itself."""
-    return tensors.kernel_view(x)
+    return views.kernel_view(x)
 
 
 class Float32Codec(ValueCodec):
@@ -135,7 +134,7 @@ class Float32Codec(ValueCodec):
     def encode(self, values, seed=0, out=None, decoded=None):
         x = as_values(values)
         out = self._code_buffer(out, x.shape[0], x)
-        out[...] = x.view(tensors.dtype_of(x, "uint8"))
+        out[...] = x.view(namespace.dtype_of(x, "uint8"))
         if decoded is not None:
             decoded[...] = x
         return out
@@ -143,7 +142,7 @@ class Float32Codec(ValueCodec):
     def decode(self, data, count, out=None):
         data = as_bytes(data)
         out = self._value_buffer(out, count, data)
-        out.view(tensors.dtype_of(out, "uint8"))[...] = data[:4 * count]
+        out.view(namespace.dtype_of(out, "uint8"))[...] = data[:4 * count]
         return out
 
     def nbytes(self, count):

@@ -5,7 +5,7 @@ Each is a :class:`~horovod_sparse.quantize.codec.ValueCodec` (see its contract):
 -> float32, pure. Layouts are "header, then bit-packed codes" (headers are float32
 little-endian; codes packed by :mod:`.bitpack`, LSB first).
 
-Written once over :mod:`horovod_sparse.ops.tensors`: the same code runs on numpy and on
+Written once over :mod:`horovod_sparse.ops`: the same code runs on numpy and on
 torch tensors on any device, and gives bitwise the same bytes and floats on both,
 because every step is elementwise IEEE float32 or integer arithmetic, the random
 numbers are the counter-based stream of :mod:`.uniform`, and the headers' sums are
@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from horovod_sparse.checks import check_int
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import indices, kernels, namespace, views
 
 from .bitpack import code_dtype, pack_into, packed_nbytes, padded_count, unpack_into
 from .codec import ValueCodec, as_bytes, as_values
@@ -51,37 +51,37 @@ def _quiet(method):
 def _scalar(value, like):
     """A Python number as a float32 scalar that keeps float32 arithmetic in ``like``'s library
     (numpy would compute an integer array times a Python float in float64)."""
-    return float(value) if tensors.is_torch(like) else np.float32(value)
+    return float(value) if namespace.is_torch(like) else np.float32(value)
 
 
 def _write_floats(out, floats):
     """Write the float32 1-D ``floats`` as the first 4 * len bytes of the uint8 ``out``."""
     k = floats.shape[0]
-    if tensors.is_torch(floats):
+    if namespace.is_torch(floats):
         if floats.stride(0) != 1:  # a column of a matrix (a tree's sums)
             import torch
             floats = torch.empty(k, dtype=floats.dtype, device=floats.device).copy_(floats)
     else:
         floats = np.ascontiguousarray(floats)
-    out[:4 * k] = floats.view(tensors.dtype_of(floats, "uint8"))
+    out[:4 * k] = floats.view(namespace.dtype_of(floats, "uint8"))
 
 
 def _read_floats(data, k, scratch):
     """The first ``k`` float32 of the uint8 ``data`` (copied to an aligned scratch buffer)."""
     aligned = scratch.get("header", 4 * k, "uint8", data)
     aligned[...] = data[:4 * k]
-    return aligned.view(tensors.dtype_of(aligned, "float32"))
+    return aligned.view(namespace.dtype_of(aligned, "float32"))
 
 
 def _aligned_view(data, dtype_name, scratch, name):
     """``data`` (uint8) viewed as ``dtype_name``; via an aligned scratch copy if ``data``
     starts at an offset torch cannot view (numpy views any offset)."""
     itemsize = np.dtype(dtype_name).itemsize
-    if tensors.is_torch(data) and (data.storage_offset() % itemsize or data.shape[0] == 0):
+    if namespace.is_torch(data) and (data.storage_offset() % itemsize or data.shape[0] == 0):
         copy = scratch.get(name, data.shape[0], "uint8", data)
         copy[...] = data
         data = copy
-    return data.view(tensors.dtype_of(data, dtype_name))
+    return data.view(namespace.dtype_of(data, dtype_name))
 
 
 def _negative_bits(x, scratch):
@@ -89,15 +89,15 @@ def _negative_bits(x, scratch):
     zero-padded buffer of ``padded_count`` values (the 1-bit packer's input)."""
     count = x.shape[0]
     mask = scratch.get("negative", padded_count(count), "bool", x)
-    tensors.less_into(x, 0, mask[:count])
+    kernels.less_into(x, 0, mask[:count])
     mask[count:] = False
-    return mask.view(tensors.dtype_of(mask, "uint8"))
+    return mask.view(namespace.dtype_of(mask, "uint8"))
 
 
 def _pair(when_zero, when_one, like):
     """float32 [when_zero, when_one] in ``like``'s library and device (0-d arrays or numpy
     scalars in, their bits kept): the values of a 1-bit code (:mod:`.lookup`)."""
-    pair = tensors.empty(2, "float32", like)
+    pair = namespace.empty(2, "float32", like)
     pair[0], pair[1] = when_zero, when_one
     return pair
 
@@ -106,7 +106,7 @@ def _signs(magnitude, like):
     """float32 [magnitude, -magnitude], the second the first with its sign bit flipped
     (exact for every float, NaN included)."""
     pair = _pair(magnitude, magnitude, like)
-    tensors.int_view(pair)[1:] ^= -(1 << 31)
+    views.int_view(pair)[1:] ^= -(1 << 31)
     return pair
 
 
@@ -114,7 +114,7 @@ def _sqrt(values):
     """float32 square roots rounded to nearest, as IEEE defines them. torch's CPU kernel
     can be 1 ulp off, so each root moves to the neighbour whose rounding interval holds
     the exact root: the float64 squares of float32 midpoints are exact. (Small arrays.)"""
-    lib, xp = tensors.backend(values), tensors.namespace(values)
+    lib, xp = namespace.backend(values), namespace.namespace(values)
     root = lib.sqrt(values)
     down = lib.nextafter(root, xp.zeros_like(root))
     up = lib.nextafter(root, xp.full_like(root, math.inf))
@@ -151,17 +151,17 @@ class BF16Codec(ValueCodec):
     def encode(self, values, seed=0, out=None, decoded=None):
         x = as_values(values)
         out = self._code_buffer(out, x.shape[0], x)
-        in_place = not tensors.is_torch(out) or (out.storage_offset() % 2 == 0 and out.shape[0] > 0)
-        codes = (out.view(tensors.dtype_of(out, "int16")) if in_place
+        in_place = not namespace.is_torch(out) or (out.storage_offset() % 2 == 0 and out.shape[0] > 0)
+        codes = (out.view(namespace.dtype_of(out, "int16")) if in_place
                  else self.scratch.get("codes", x.shape[0], "int16", x))
-        tensors.bfloat16_bits(x, codes)
-        xp = tensors.namespace(x)
+        kernels.bfloat16_bits(x, codes)
+        xp = namespace.namespace(x)
         if not math.isfinite(float(xp.sum(x))):  # one fast reduction; NaN only if it says so
             nan = xp.isnan(x)
             if bool(xp.any(nan)):
                 codes[nan] = self._QUIET_NAN
         if not in_place:
-            out[...] = codes.view(tensors.dtype_of(codes, "uint8"))
+            out[...] = codes.view(namespace.dtype_of(codes, "uint8"))
         if decoded is not None:
             self._values(codes, decoded)
         return out
@@ -175,7 +175,7 @@ class BF16Codec(ValueCodec):
     @staticmethod
     def _values(codes, out):
         """float32 whose top 16 bits are the codes, low 16 bits zero."""
-        as_int = out.view(tensors.dtype_of(out, "int32"))
+        as_int = out.view(namespace.dtype_of(out, "int32"))
         as_int[...] = codes
         as_int <<= 16
         return out
@@ -227,7 +227,7 @@ class _StochasticLevels(ValueCodec):
             if self._buckets(0):
                 out[...] = 0
             return
-        lib, xp = tensors.backend(x), tensors.namespace(x)
+        lib, xp = namespace.backend(x), namespace.namespace(x)
         bucket = self._bucket(count)
         scales = self._scales(x, bucket, scratch)
         _write_floats(out, scales)
@@ -250,7 +250,7 @@ class _StochasticLevels(ValueCodec):
             y = scratch.get("levels", stop - start, "float32", x)
             _per_bucket(lib.multiply, x[start:stop], inv[first:], bucket, y)
             noise = scratch.get("noise", stop - start, "float32", x)
-            tensors.cast_into(noise, random_int16(stop - start, seed, scratch, x, start))
+            kernels.cast_into(noise, random_int16(stop - start, seed, scratch, x, start))
             noise += 65536.0 * s + 32768.5
             noise *= 2.0 ** -16
             y += noise
@@ -259,10 +259,10 @@ class _StochasticLevels(ValueCodec):
             if s > 31:
                 lib.clip(y, 0, 2 * s, out=y)
             if self.bits <= 8:
-                tensors.cast_into(codes[:stop - start], y)
+                kernels.cast_into(codes[:stop - start], y)
             else:  # via int32: codes up to 65535 do not fit int16's positive range
                 wide = scratch.get("wide", stop - start, "int32", x)
-                codes[:stop - start] = tensors.cast_into(wide, y)
+                codes[:stop - start] = kernels.cast_into(wide, y)
             if decoded is not None and lookup is None:
                 self._values(codes[:stop - start], steps[first:], bucket, decoded[start:stop])
             pack_into(codes, self.bits, stop - start, packed[start * self.bits // 8:], scratch)
@@ -288,7 +288,7 @@ class _StochasticLevels(ValueCodec):
     def _steps(self, scales, scratch):
         """S / s per bucket: the value of one level."""
         steps = scratch.get("steps", scales.shape[0], "float32", scales)
-        return tensors.backend(scales).divide(scales, _scalar(self.levels, scales), out=steps)
+        return namespace.backend(scales).divide(scales, _scalar(self.levels, scales), out=steps)
 
     def _lookup_values(self, steps, count, like):
         """With one bucket and codes of <= 2 bits (TernGrad): the float32 (code - s) * (S / s)
@@ -296,21 +296,21 @@ class _StochasticLevels(ValueCodec):
         table (:mod:`.lookup`); else None."""
         if self.bits > 2 or self._buckets(count) != 1:
             return None
-        values = tensors.cast_into(self.scratch.get("lookup", 1 << self.bits, "float32", like),
-                                   tensors.arange(1 << self.bits, like))
+        values = kernels.cast_into(self.scratch.get("lookup", 1 << self.bits, "float32", like),
+                                   namespace.arange(1 << self.bits, like))
         values -= self.levels
-        _per_bucket(tensors.backend(values).multiply, values, steps, 1 << self.bits, values)
+        _per_bucket(namespace.backend(values).multiply, values, steps, 1 << self.bits, values)
         return values
 
     def _values(self, codes, steps, bucket, out):
         """3. out = (code - s) * (S / s) (codes of whole buckets, or of part of the only bucket)."""
-        lib, s = tensors.backend(out), self.levels
+        lib, s = namespace.backend(out), self.levels
         if self.bits == 16:  # int16 holds codes >= 32768 as negative numbers
             wide = self.scratch.get("wide", codes.shape[0], "int32", out)
             wide[...] = codes
             wide &= 0xFFFF
             codes = wide
-        tensors.cast_into(out, codes)
+        kernels.cast_into(out, codes)
         out -= s
         _per_bucket(lib.multiply, out, steps, bucket, out)
         return out
@@ -393,7 +393,7 @@ class QSGDCodec(_StochasticLevels):
         return -(-int(count) // self.bucket_size)
 
     def _scales(self, x, bucket, scratch):
-        count, lib = x.shape[0], tensors.backend(x)
+        count, lib = x.shape[0], namespace.backend(x)
         norms = scratch.get("norms", self._buckets(count), "float32", x)
         for start, stop, first in _blocks(count, bucket, norms.shape[0]):  # whole buckets each
             squares = scratch.get("squares", stop - start, "float32", x)
@@ -440,8 +440,8 @@ class TernGradCodec(_StochasticLevels):
         return 1
 
     def _scales(self, x, bucket, scratch):
-        xp = tensors.namespace(x)
-        low, high = (tensors.backend(x).aminmax(x) if tensors.is_torch(x) else (np.min(x), np.max(x)))
+        xp = namespace.namespace(x)
+        low, high = (namespace.backend(x).aminmax(x) if namespace.is_torch(x) else (np.min(x), np.max(x)))
         scale = scratch.get("scale", 1, "float32", x)
         scale[...] = xp.maximum(xp.abs(low), xp.abs(high))  # abs: no -0 from -min
         return scale
@@ -491,7 +491,7 @@ class SignCodec(ValueCodec):
         """The code of the majority vote of two codes (uint8, same count): negative only where
         both are (elsewhere the sum of the signs is 0 or 2, and sign(0) = +1), so the bits
         ANDed. The compressed allreduce's P = 2 vote, without decoding either code."""
-        return tensors.backend(out).bitwise_and(first, second, out=out)
+        return namespace.backend(out).bitwise_and(first, second, out=out)
 
     def _values(self, header, like):
         """float32 [value of bit 0, value of bit 1] given the header."""
@@ -519,7 +519,7 @@ class ScaledSignCodec(SignCodec):
     def _header(self, x, bits, count):
         magnitudes = self.scratch.get("magnitudes", max(count, 1), "float32", x)
         if count:
-            tensors.backend(x).abs(x, out=magnitudes)
+            namespace.backend(x).abs(x, out=magnitudes)
         else:
             magnitudes[...] = 0
         scale = tree_sum_rows(magnitudes.reshape(1, -1))
@@ -551,8 +551,8 @@ class OneBitCodec(SignCodec):
     header_floats = 2
 
     def _header(self, x, bits, count):
-        lib, scratch = tensors.backend(x), self.scratch
-        negatives = tensors.count_nonzero(bits[:count])
+        lib, scratch = namespace.backend(x), self.scratch
+        negatives = indices.count_nonzero(bits[:count])
         sides = scratch.get("sides", 2 * max(count, 1), "float32", x).reshape(2, -1)
         if count:
             lib.clip(x, 0, None, out=sides[0])

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import namespace
 
 #: code of value k of byte b, per code width: _CODE_OF[bits][b, k] (int64)
 _CODE_OF = {bits: ((np.arange(256)[:, None] >> (bits * np.arange(8 // bits))) & ((1 << bits) - 1))
@@ -42,7 +42,7 @@ def decode_small_codes(data, bits, count, values, out, use_torch=None):
         if tail:
             out[whole * per:count] = table[data[whole], :tail]
         return out
-    as_tensor = (lambda a: a) if tensors.is_torch(out) else torch.from_numpy
+    as_tensor = (lambda a: a) if namespace.is_torch(out) else torch.from_numpy
     data, values, target = as_tensor(data), as_tensor(values), as_tensor(out)
     table = values[torch.from_numpy(_CODE_OF[bits]).to(values.device)]
     rows = data[:whole + (1 if tail else 0)].long()

@@ -4,9 +4,8 @@ One :class:`QuantizedPipeline` holds what one gradient buffer of length ``n`` ne
 this rank from step to step: its memory (:mod:`horovod_sparse.memory`: the
 error-feedback residual, or Signum's momentum), the exchange (a
 :class:`~horovod_sparse.exchange.compressed.CompressedAllreduce` on a duplicated
-communicator, with its server residual) and a step counter. It has the interface of
-the other fused pipelines (``step``, ``last``, ``traffic``, ``step_count``,
-``state_dict``), so the frontends drive it the same way.
+communicator, with its server residual) and a step counter. It is a
+:class:`~horovod_sparse.pipeline.Pipeline`, so the frontends drive it as the others.
 
 A step, on the buffer's own library and device (numpy, or torch on CPU/CUDA):
 
@@ -24,14 +23,12 @@ from typing import Any, Optional
 import numpy as np
 
 from horovod_sparse.checks import check_bool
-from horovod_sparse.closing import ClosesOnExit
 from horovod_sparse.exchange.compressed import CompressedAllreduce
 from horovod_sparse.exchange.seeds import derive_seed
 from horovod_sparse.exchange.traffic import Traffic
 from horovod_sparse.memory import ErrorFeedback, Momentum
-from horovod_sparse.ops import tensors
-
-_STATE_FORMAT = 1
+from horovod_sparse.ops import namespace
+from horovod_sparse.pipeline import Pipeline, saved_array, with_prefix, without_prefix
 
 
 @dataclass(frozen=True)
@@ -50,7 +47,7 @@ class QuantizeStepInfo:
     traffic: Traffic
 
 
-class QuantizedPipeline(ClosesOnExit):
+class QuantizedPipeline(Pipeline):
     """State of one quantized gradient buffer of length ``n`` on this rank.
 
     Parameters
@@ -104,8 +101,8 @@ class QuantizedPipeline(ClosesOnExit):
         self.momentum = None if momentum is None else float(momentum)
         self.memory = (Momentum(self.n, self.momentum) if momentum is not None
                        else ErrorFeedback(self.n, enabled=error_feedback))
+        self._exchanges = (self.exchange,)
         self.rank = self.exchange.rank
-        self.step_count = 0
         self.last: Optional[QuantizeStepInfo] = None
 
     @property
@@ -117,11 +114,6 @@ class QuantizedPipeline(ClosesOnExit):
     def momentum_buffer(self):
         """Signum's momentum u (float32 n, the live buffer), or None."""
         return self.memory.momentum_buffer if self.momentum is not None else None
-
-    @property
-    def traffic(self):
-        """Cumulative Traffic of this buffer's exchanges on this rank."""
-        return self.exchange.traffic
 
     def step(self, grad, tag=0):
         """Exchange this step's gradient; return the sum over ranks of what they sent, decoded.
@@ -154,44 +146,31 @@ class QuantizedPipeline(ClosesOnExit):
     def _float32(self, grad):
         """``grad`` as a 1-D float32 array of length n (no copy when it is one), or None."""
         try:
-            g = grad.detach() if tensors.is_torch(grad) else np.asarray(grad)
-            if g.ndim != 1 or g.shape[0] != self.n or not tensors.namespace(g).isdtype(g.dtype, "real floating"):
+            g = grad.detach() if namespace.is_torch(grad) else np.asarray(grad)
+            if g.ndim != 1 or g.shape[0] != self.n or not namespace.namespace(g).isdtype(g.dtype, "real floating"):
                 return None
-            if tensors.is_torch(g):
-                return g.to(tensors.dtype_of(g, "float32")).contiguous()
+            if namespace.is_torch(g):
+                return g.to(namespace.dtype_of(g, "float32")).contiguous()
             return np.ascontiguousarray(g, dtype=np.float32)
         except Exception:
             return None
 
     # ------------------------------------------------------------ checkpoints
-    def state_dict(self):
-        """numpy arrays and ints only: residual, momentum, step, exchange state (prefixed)."""
+    def _own_state(self):
+        """The residual and the momentum (empty when unused), the exchange's state (prefixed)."""
         empty = np.zeros(0, np.float32)
         memory = self.memory.state_dict()
-        d = {"format": _STATE_FORMAT, "n": self.n, "step": self.step_count,
-             "residual": memory["residual"] if self.error_feedback else empty,
+        d = {"residual": memory["residual"] if self.error_feedback else empty,
              "momentum_buffer": memory["momentum_buffer"] if self.momentum is not None else empty}
-        d.update({"exchange_" + k: v for k, v in self.exchange.state_dict().items()})
+        d.update(with_prefix("exchange_", self.exchange.state_dict()))
         return d
 
-    def load_state_dict(self, d):
-        """Restore :meth:`state_dict` (same n, codec and world size; each rank its own)."""
-        if int(d.get("format", -1)) != _STATE_FORMAT or int(d.get("n", -1)) != self.n:
-            raise ValueError(f"state_dict is for format {d.get('format')!r} and n={d.get('n')!r}; "
-                             f"this pipeline has format {_STATE_FORMAT} and n={self.n}")
+    def _load_own_state(self, state):
         key = "momentum_buffer" if self.momentum is not None else "residual" if self.error_feedback else None
-        if key is not None and np.shape(d[key]) != (self.n,):
-            raise ValueError(f"state_dict {key} has shape {np.shape(d[key])}, expected {(self.n,)}")
-        self.exchange.load_state_dict({k[len("exchange_"):]: v for k, v in d.items()
-                                       if k.startswith("exchange_")})
+        saved = None if key is None else saved_array(state, key, (self.n,))
+        self.exchange.load_state_dict(without_prefix(state, "exchange_"))
         if key is not None:
-            self.memory.load_state_dict({key: d[key]})
-        self.step_count = int(d["step"])
-        self.last = None
-
-    def close(self):
-        """Free the exchange's communicator (idempotent)."""
-        self.exchange.close()
+            self.memory.load_state_dict({key: saved})
 
     def __repr__(self):
         return (f"QuantizedPipeline(n={self.n}, codec={self.codec!r}, method={self.method!r}, "

@@ -5,7 +5,7 @@ page), so the codes keep their temporaries here, one per name, dtype, library an
 device, grown when a larger count comes and never shrunk. A scratch buffer is only
 ever used inside one call: nothing handed back to a caller lives here.
 """
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import namespace
 
 
 class Scratch:
@@ -17,10 +17,10 @@ class Scratch:
     def get(self, name, count, dtype_name, like):
         """An uninitialised 1-D ``dtype_name`` buffer of ``count`` elements, in ``like``'s
         library and device; the same memory as the last ``get`` of that name (and dtype)."""
-        key = (name, dtype_name, tensors.is_torch(like), str(getattr(like, "device", "")))
+        key = (name, dtype_name, namespace.is_torch(like), str(getattr(like, "device", "")))
         buffer = self._buffers.get(key)
         if buffer is None or buffer.shape[0] < count:
-            buffer = tensors.empty(max(int(count), 1), dtype_name, like)
+            buffer = namespace.empty(max(int(count), 1), dtype_name, like)
             self._buffers[key] = buffer
         return buffer[:count]
 
@@ -32,10 +32,10 @@ class Scratch:
 
     def arange(self, count, like):
         """int32 ``[0, count)`` (computed once per size reached, then sliced)."""
-        key = ("arange", "int32", tensors.is_torch(like), str(getattr(like, "device", "")))
+        key = ("arange", "int32", namespace.is_torch(like), str(getattr(like, "device", "")))
         buffer = self._buffers.get(key)
         if buffer is None or buffer.shape[0] < count:
-            buffer = tensors.namespace(like).astype(tensors.arange(max(int(count), 1), like),
-                                                    tensors.dtype_of(like, "int32"))
+            buffer = namespace.namespace(like).astype(namespace.arange(max(int(count), 1), like),
+                                                      namespace.dtype_of(like, "int32"))
             self._buffers[key] = buffer
         return buffer[:count]

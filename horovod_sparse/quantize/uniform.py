@@ -23,7 +23,7 @@ shift (torch has none for int32). Words are little-endian int32 (x86, ARM, CUDA)
 """
 import numpy as np
 
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import namespace
 
 _MASK64 = (1 << 64) - 1
 _M1 = 0x7FEB352D
@@ -54,12 +54,12 @@ def random_int16(count, seed, scratch, like, start=0):
     ``like``'s library and device, a view of ``scratch`` valid until its next use."""
     k1, k2 = stream_keys(seed)
     words = -(-int(count) // 2)
-    if not tensors.is_torch(like):
+    if not namespace.is_torch(like):
         return _random_int16_numpy(count, words, k1, k2, scratch, start)
-    lib = tensors.backend(like)
+    lib = namespace.backend(like)
     x = scratch.get("random_words", words, "int32", like)
     lib.add(scratch.arange(words, like), _signed32(k1 + int(start) // 2), out=x)  # 2. x = j + k1
-    halves = x.view(tensors.dtype_of(x, "int16")).reshape(words, 2)
+    halves = x.view(namespace.dtype_of(x, "int16")).reshape(words, 2)
     low, high = halves[:, 0], halves[:, 1]
     low ^= high                                              # x ^= x >> 16
     lib.multiply(x, _M1, out=x)
@@ -67,7 +67,7 @@ def random_int16(count, seed, scratch, like, start=0):
     low ^= high
     lib.multiply(x, _M2, out=x)
     low ^= high
-    return x.view(tensors.dtype_of(x, "int16"))[:count]      # 3. the halves, in order
+    return x.view(namespace.dtype_of(x, "int16"))[:count]      # 3. the halves, in order
 
 
 def _random_int16_numpy(count, words, k1, k2, scratch, start):

@@ -43,7 +43,11 @@ from statistics import NormalDist
 
 import numpy as np
 
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops.host import to_host
+from horovod_sparse.ops.indices import compact, count_nonzero, take
+from horovod_sparse.ops.kernels import count_at_least
+from horovod_sparse.ops.magnitude import key_of, kth_largest, magnitude_keys, magnitude_of
+from horovod_sparse.ops.namespace import arange, empty, is_torch
 
 #: value dtype of every sparsifier buffer
 VALUE_DTYPE = np.dtype(np.float32)
@@ -62,7 +66,6 @@ GAUSSIAN_SAMPLE = 4096
 #: at most this many keys (every ceil(n / size)-th) estimate a floor when the carried one fails
 FLOOR_SAMPLE = 65536
 _INF_KEY = 0x7F800000
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def k_for(density, n):
@@ -76,17 +79,6 @@ def k_for(density, n):
 def count_bounds(k):
     """(lower, upper) inclusive bounds on the count of an estimated-threshold selection."""
     return (k + 1) // 2, 2 * k
-
-
-def key_of(magnitude):
-    """The int32 key of a magnitude rounded to float32 (beyond float32's range: +inf's key)."""
-    magnitude = abs(float(magnitude))
-    if magnitude > _FLOAT32_MAX and not math.isnan(magnitude):
-        return _INF_KEY
-    return tensors.key_of(magnitude)
-
-
-magnitude_of = tensors.magnitude_of
 
 
 class MagnitudeKeys:
@@ -104,37 +96,37 @@ class MagnitudeKeys:
     def __init__(self, acc, keys=None, mask=None):
         self.size = int(acc.shape[0])
         if keys is None:
-            keys = tensors.empty(self.size, "int32", acc)
-        self.keys = tensors.magnitude_keys(acc, out=keys)
-        self.mask = tensors.empty(self.size, "bool", acc) if mask is None else mask
+            keys = empty(self.size, "int32", acc)
+        self.keys = magnitude_keys(acc, out=keys)
+        self.mask = empty(self.size, "bool", acc) if mask is None else mask
         self._marked = None  # the key the mask holds ``keys >= key`` for
 
     def count_at_least(self, key):
         self._marked = key
-        return tensors.count_at_least(self.keys, key, self.mask)
+        return count_at_least(self.keys, key, self.mask)
 
     def at_least(self, key):
         """Sorted int64 indices whose key is >= ``key``."""
         if self._marked != key:
             self.count_at_least(key)
-        return tensors.compact(self.mask)
+        return compact(self.mask)
 
     def at(self, indices):
-        return tensors.take(self.keys, indices)
+        return take(self.keys, indices)
 
     def kth_largest(self, k):
-        return tensors.kth_largest(self.keys, k)
+        return kth_largest(self.keys, k)
 
     def empty_indices(self):
-        return tensors.empty(0, "int64", self.keys)
+        return empty(0, "int64", self.keys)
 
     def all_indices(self):
-        return tensors.arange(self.size, self.keys)
+        return arange(self.size, self.keys)
 
 
 def keys_of(acc):
     """:class:`MagnitudeKeys` of a float32 buffer, with fresh scratch buffers."""
-    if not tensors.is_torch(acc):
+    if not is_torch(acc):
         acc = np.ascontiguousarray(acc, dtype=VALUE_DTYPE)
     return MagnitudeKeys(acc)
 
@@ -179,18 +171,18 @@ def top_k(keys, k, floor=None):
     if candidates is None:
         source, candidates = "full", keys.at_least(keys.kth_largest(k))
     candidate_keys = keys.at(candidates)                                        # step 3
-    kth = tensors.kth_largest(candidate_keys, k)
+    kth = kth_largest(candidate_keys, k)
     taken = candidate_keys > kth
-    missing = k - tensors.count_nonzero(taken)
+    missing = k - count_nonzero(taken)
     if missing > 0:
-        taken[tensors.compact(candidate_keys == kth)[:missing]] = True
-    indices = tensors.take(candidates, tensors.compact(taken))
+        taken[compact(candidate_keys == kth)[:missing]] = True
+    indices = take(candidates, compact(taken))
     target, count = math.ceil(CANDIDATE_TARGET * k), int(candidate_keys.shape[0])  # step 4
     low, high = CANDIDATE_COMFORT
     if source == "floor" and low * k <= count <= high * k:
         next_floor = floor
     elif count >= target:
-        next_floor = tensors.kth_largest(candidate_keys, target)
+        next_floor = kth_largest(candidate_keys, target)
     else:
         next_floor = _lowered(int(candidate_keys.min()))
     return TopK(indices, kth, next_floor, source)
@@ -207,7 +199,7 @@ def _sampled_floor(keys, k):
     stride = -(-keys.size // FLOOR_SAMPLE)
     sample = keys.keys[::stride]
     size = int(sample.shape[0])
-    return tensors.kth_largest(sample, min(size, math.ceil(CANDIDATE_TARGET * k * size / keys.size)))
+    return kth_largest(sample, min(size, math.ceil(CANDIDATE_TARGET * k * size / keys.size)))
 
 
 def _lowered(key):
@@ -280,7 +272,7 @@ def sample_moments(acc, size=GAUSSIAN_SAMPLE):
     the host so numpy and torch agree bit for bit. NaNs if none is finite."""
     n = int(acc.shape[0])
     stride = max(1, -(-n // size))
-    sample = tensors.to_host(acc[::stride]).astype(np.float64)
+    sample = to_host(acc[::stride]).astype(np.float64)
     sample = sample[np.isfinite(sample)]
     if sample.size == 0:
         return math.nan, math.nan
@@ -424,7 +416,7 @@ class SampledRule(Rule):
             return keys.empty_indices(), "estimate"
         sample = self.sample(keys, step, rank)
         size = int(sample.shape[0])
-        estimate = magnitude_of(tensors.kth_largest(sample, max(1, math.ceil(self.density * size))))
+        estimate = magnitude_of(kth_largest(sample, max(1, math.ceil(self.density * size))))
         indices, _, method = settle_threshold(keys, estimate, k)
         return indices, method
 

@@ -10,7 +10,7 @@ of times in the same order (the engine checks it and raises
 :class:`~horovod_sparse.exchange.ExchangeError` on every rank otherwise).
 
 The buffer is numpy or a torch tensor on any device; the step runs in its library and
-device (:mod:`horovod_sparse.ops.tensors`), and only the selected (index, value) pairs
+device (:mod:`horovod_sparse.ops`), and only the selected (index, value) pairs
 cross to the host for the exchange, and the summed pairs come back.
 """
 from dataclasses import dataclass
@@ -18,16 +18,16 @@ from typing import Any, Optional
 
 import numpy as np
 
-from horovod_sparse.closing import ClosesOnExit
 from horovod_sparse.exchange import ALGORITHMS, SparseAllreduce, Traffic
 from horovod_sparse.memory import ErrorFeedback, MomentumCorrection
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import host, kernels, namespace
+from horovod_sparse.ops.indices import compact, isin_sorted, take
+from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, with_prefix, without_prefix
 from horovod_sparse.sparsify.selection import MagnitudeKeys
 
 #: exchanges whose global selection may drop locally selected entries: the residual
 #: is cleared only at local ∩ global selected (Ok-Topk's rule), not at all local ones
 SELECTING_EXCHANGES = ("oktopk", "gtopk")
-_STATE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,9 @@ class StepInfo:
     traffic: Traffic
 
 
-class Sparsifier(ClosesOnExit):
-    """State of one compressed gradient buffer of length ``n`` on this rank.
+class Sparsifier(Pipeline):
+    """State of one compressed gradient buffer of length ``n`` on this rank: the
+    :class:`~horovod_sparse.pipeline.Pipeline` that sends a selection of entries.
 
     Parameters
     ----------
@@ -103,10 +104,9 @@ class Sparsifier(ClosesOnExit):
         # Created up front (it is a collective) only when there is a warm-up.
         self.dense_engine = (SparseAllreduce(self.n, "dense", comm=comm, average=False)
                              if self.warmup_steps > 0 else None)
+        self._exchanges = (self.engine,) + ((self.dense_engine,) if self.dense_engine is not None else ())
         self.rank = self.engine.rank
-        self.step_count = 0
         self.last: Optional[StepInfo] = None
-        self._scratch = None  # (keys int32, mask bool) in the buffer's library/device
 
     # ------------------------------------------------------------------ state
     @property
@@ -116,12 +116,6 @@ class Sparsifier(ClosesOnExit):
     @property
     def velocity(self):
         return getattr(self.memory, "velocity", None)
-
-    @property
-    def traffic(self):
-        """Cumulative Traffic of this buffer's exchanges on this rank."""
-        total = self.engine.traffic
-        return total + self.dense_engine.traffic if self.dense_engine is not None else total
 
     # ------------------------------------------------------------------- step
     def step_sparse(self, grad, tag=0):
@@ -153,27 +147,27 @@ class Sparsifier(ClosesOnExit):
         rule_state = self.rule.state_dict()
         try:
             if self.step_count < self.warmup_steps:
-                local, method, engine = tensors.arange(self.n, acc), "dense", self.dense_engine
+                local, method, engine = namespace.arange(self.n, acc), "dense", self.dense_engine
             else:
                 local, method = self.rule.select(acc, self._keys(acc), self.k,  # step 2
                                                  self.step_count, self.rank)
                 engine = self.engine
-            sent = tensors.take(acc, local)                                     # step 3
-            result = engine.allreduce(tensors.to_host(local), tensors.to_host(sent), tag=tag)
+            sent = take(acc, local)                                     # step 3
+            result = engine.allreduce(host.to_host(local), host.to_host(sent), tag=tag)
         except BaseException:
             self.rule.load_state_dict(rule_state)  # carried thresholds are not kept either
             raise
         if engine is self.dense_engine:                                         # step 4
-            indices, values = local, tensors.from_host(result.values, acc)
+            indices, values = local, host.from_host(result.values, acc)
             selected, cleared, kept = local, local, sent
         else:
-            indices = tensors.from_host(result.indices, acc)
-            values = tensors.from_host(result.values, acc)
-            selected = indices if result.selected is result.indices else tensors.from_host(result.selected, acc)
+            indices = host.from_host(result.indices, acc)
+            values = host.from_host(result.values, acc)
+            selected = indices if result.selected is result.indices else host.from_host(result.selected, acc)
             cleared, kept = local, sent                                         # step 5
             if self.exchange in SELECTING_EXCHANGES:
-                consumed = tensors.compact(tensors.isin_sorted(local, selected))
-                cleared, kept = tensors.take(local, consumed), tensors.take(sent, consumed)
+                consumed = compact(isin_sorted(local, selected))
+                cleared, kept = take(local, consumed), take(sent, consumed)
         self.memory.commit_cleared(acc, cleared)                                # step 6
         self.last = StepInfo(self.step_count, local, sent, selected, cleared, kept, method,
                              result.traffic)
@@ -186,8 +180,8 @@ class Sparsifier(ClosesOnExit):
         indices, values = self.step_sparse(grad, tag=tag)
         if indices.shape[0] == self.n:  # every index (a dense warm-up step): values is dense
             return values
-        out = tensors.zeros(self.n, "float32", values)
-        tensors.put(out, indices, values)
+        out = namespace.zeros(self.n, "float32", values)
+        kernels.put(out, indices, values)
         return out
 
     def _accumulate(self, grad):
@@ -201,46 +195,35 @@ class Sparsifier(ClosesOnExit):
             raise ValueError(f"grad must be a 1-D float array of length n={self.n}, got {got}")
         if not _is_pieces(grad) or not pieces:
             flat = pieces[0] if pieces else np.empty(0, np.float32)
-            if tensors.is_torch(flat):
-                return self.memory.accumulate(flat.to(tensors.dtype_of(flat, "float32")))
+            if namespace.is_torch(flat):
+                return self.memory.accumulate(flat.to(namespace.dtype_of(flat, "float32")))
             return self.memory.accumulate(flat.astype(np.float32, copy=False))
         return self.memory.accumulate_pieces(pieces)
 
     def _keys(self, acc):
-        """acc's magnitude keys, in scratch buffers allocated once per library/device."""
-        if self._scratch is None or not _same_place(self._scratch[0], acc):
-            self._scratch = (tensors.empty(self.n, "int32", acc), tensors.empty(self.n, "bool", acc))
-        return MagnitudeKeys(acc, *self._scratch)
+        """acc's magnitude keys, in the workspace's buffers."""
+        return MagnitudeKeys(acc, *self._workspace_for(acc))
+
+    def _new_workspace(self, like):
+        """Scratch for the magnitude keys: (keys int32, mask bool)."""
+        return namespace.empty(self.n, "int32", like), namespace.empty(self.n, "bool", like)
 
     # ------------------------------------------------------------ checkpoints
-    def state_dict(self):
-        """numpy arrays and ints only: memory, rule state, step counter, engine state."""
-        d = {"format": _STATE_FORMAT, "n": self.n, "step": self.step_count}
-        d.update({"memory_" + key: v for key, v in self.memory.state_dict().items()})
-        d.update({"rule_" + key: v for key, v in self.rule.state_dict().items()})
-        d.update(_engine_state("engine_", self.engine))
+    def _own_state(self):
+        """Memory, rule state (carried thresholds) and engine states, prefixed."""
+        d = with_prefix("memory_", self.memory.state_dict())
+        d.update(with_prefix("rule_", self.rule.state_dict()))
+        d.update(engine_state("engine_", self.engine))
         if self.dense_engine is not None:
-            d.update(_engine_state("dense_engine_", self.dense_engine))
+            d.update(engine_state("dense_engine_", self.dense_engine))
         return d
 
-    def load_state_dict(self, d):
-        """Restore :meth:`state_dict` (same n and world size; on every rank, each its own)."""
-        if int(d.get("format", -1)) != _STATE_FORMAT or int(d.get("n", -1)) != self.n:
-            raise ValueError(f"state_dict is for format {d.get('format')!r} and n={d.get('n')!r}; "
-                             f"this sparsifier has format {_STATE_FORMAT} and n={self.n}")
-        self.memory.load_state_dict(_sub(d, "memory_"))
-        self.rule.load_state_dict(_sub(d, "rule_"))
-        _load_engine_state(self.engine, _sub(d, "engine_"))
+    def _load_own_state(self, state):
+        self.memory.load_state_dict(without_prefix(state, "memory_"))
+        self.rule.load_state_dict(without_prefix(state, "rule_"))
+        load_engine_state(self.engine, state, "engine_")
         if self.dense_engine is not None:
-            _load_engine_state(self.dense_engine, _sub(d, "dense_engine_"))
-        self.step_count = int(d["step"])
-        self.last = None
-
-    def close(self):
-        """Free the engines' communicators (idempotent)."""
-        self.engine.close()
-        if self.dense_engine is not None:
-            self.dense_engine.close()
+            load_engine_state(self.dense_engine, state, "dense_engine_")
 
     def __repr__(self):
         return (f"Sparsifier(n={self.n}, k={self.k}, rule={self.rule.name}, "
@@ -253,7 +236,7 @@ def _is_pieces(grad):
 
 def _as_1d_float(array, n):
     """A contiguous, detached 1-D float array (numpy or torch), or ValueError."""
-    if tensors.is_torch(array):
+    if namespace.is_torch(array):
         if array.dim() == 1 and array.is_floating_point():
             return array.detach().contiguous()
     else:
@@ -262,30 +245,3 @@ def _as_1d_float(array, n):
             return np.ascontiguousarray(array)
     raise ValueError(f"grad must be a 1-D float array of length n={n}, "
                      f"got shape {tuple(array.shape)} dtype {array.dtype}")
-
-
-def _same_place(x, like):
-    """True if ``x`` lives in ``like``'s library (and device, for torch)."""
-    if tensors.is_torch(x) != tensors.is_torch(like):
-        return False
-    return not tensors.is_torch(x) or x.device == like.device
-
-
-def _sub(d, prefix):
-    return {key[len(prefix):]: v for key, v in d.items() if key.startswith(prefix)}
-
-
-def _engine_state(prefix, engine):
-    """The engine's state_dict with its algorithm name as an int (numpy/ints only)."""
-    state = dict(engine.state_dict())
-    state["algorithm"] = ALGORITHMS.index(state["algorithm"])
-    return {prefix + key: v for key, v in state.items()}
-
-
-def _load_engine_state(engine, state):
-    state = dict(state)
-    code = int(state.get("algorithm", -1))
-    state["algorithm"] = ALGORITHMS[code] if 0 <= code < len(ALGORITHMS) else code
-    state = {key: (int(v) if key in ("format", "n", "world_size", "calls") else v)
-             for key, v in state.items()}
-    engine.load_state_dict(state)

@@ -4,10 +4,10 @@ from horovod.tensorflow.compression import Compressor as HorovodCompressor
 
 from horovod_sparse.adapter import CompressorAdapter, make_compression_namespace
 from horovod_sparse.ops.tf_ops import TFOps
-from horovod_sparse.tensorflow.chained import TFSparseCompressor
+from horovod_sparse.tensorflow.out_of_band import TFOutOfBandCompressor
 from horovod_sparse.tensorflow.construction import refuse_inside_trace
 from horovod_sparse.tensorflow.graph_mode import run_state_updates
-from horovod_sparse.tensorflow.positions import GradientKeys
+from horovod_sparse.tensorflow.gradient_keys import GradientKeys
 
 
 class TFCompressor(CompressorAdapter, HorovodCompressor):
@@ -16,7 +16,7 @@ class TFCompressor(CompressorAdapter, HorovodCompressor):
     Horovod calls TensorFlow compressors while tracing a ``tf.function`` (also from eager
     code), once per gradient. Under ``DistributedGradientTape`` and the Keras
     ``DistributedOptimizer`` a gradient is identified by its variable's name (see
-    :mod:`~horovod_sparse.tensorflow.positions`), so every trace (a retrace, a step with a
+    :mod:`~horovod_sparse.tensorflow.gradient_keys`), so every trace (a retrace, a step with a
     variable whose gradient is ``None``, a step with frozen variables left out of the list)
     uses each variable's own residual; a variable that leaves keeps its residual and step
     for when it returns. Under a plain ``hvd.allreduce(g, compression=...)`` it is the
@@ -53,7 +53,7 @@ class TFCompressor(CompressorAdapter, HorovodCompressor):
 
 
 Compression = make_compression_namespace(
-    TFCompressor, TFSparseCompressor,
+    TFCompressor, TFOutOfBandCompressor,
     """Compressors for ``hvd.DistributedGradientTape(compression=...)`` and
     ``horovod.tensorflow.keras.DistributedOptimizer(compression=...)``.
 

@@ -9,6 +9,6 @@
 Imports PyTorch (and Horovod's PyTorch ops) only.
 """
 from horovod_sparse.torch.compression import Compression, TorchCompressor
-from horovod_sparse.torch.fused import TorchOutOfBandCompressor, TorchSparseCompressor
+from horovod_sparse.torch.out_of_band import TorchOutOfBandCompressor
 
-__all__ = ["Compression", "TorchCompressor", "TorchOutOfBandCompressor", "TorchSparseCompressor"]
+__all__ = ["Compression", "TorchCompressor", "TorchOutOfBandCompressor"]

@@ -3,7 +3,7 @@
 A :class:`Bucket` is a set of gradients exchanged together by one pipeline: all of a
 step's gradients (``schedule="after_backward"``, one exchange after backward) or one
 bucket of a schedule's plan (:mod:`horovod_sparse.torch.channels`). Its pipeline's state
-follows each gradient by key (:class:`~horovod_sparse.regroup.LayoutPipeline`), so
+follows each gradient by key (:class:`~horovod_sparse.layout_pipeline.LayoutPipeline`), so
 gradients can move between buckets (a new plan, a frozen layer) and keep their residuals.
 
     bucket = Bucket(horovod_sparse.create("topk", density=0.01))
@@ -12,9 +12,10 @@ gradients can move between buckets (a new plan, a frozen layer) and keep their r
 """
 import torch
 
-from horovod_sparse.layout import GradientLayout, agree_on_layout
+from horovod_sparse.agreement import agree_on_layout, raise_on_every_rank
+from horovod_sparse.layout import GradientLayout
 from horovod_sparse.ops.torch_ops import TorchOps
-from horovod_sparse.regroup import LayoutPipeline
+from horovod_sparse.layout_pipeline import LayoutPipeline
 
 FROZEN_WITH_GRADIENT = ("a frozen parameter (requires_grad False) has a non-zero gradient; frozen parameters "
                         "are not exchanged: zero their gradients (opt.zero_grad())")
@@ -38,7 +39,7 @@ class Bucket:
         self.keys = None if keys is None else list(keys)
         self.comm = None  # the communicator of the current exchange (pipelines are made on it)
         self.pipelines = LayoutPipeline(
-            lambda layout: algorithm.make_sparsifier(layout.n, self.comm, layout=layout))
+            lambda layout: algorithm.make_pipeline(layout.n, self.comm, layout=layout))
         self.buffer = FusedBuffer()
         self._layout = None  # (items, GradientLayout) of the last exchange, reused while it fits
 
@@ -63,7 +64,15 @@ class Bucket:
         if not layout.entries:  # every gradient of the bucket is frozen: nothing to exchange
             return StepSum(layout, {}, torch.zeros(0), frozen_here)
         self.comm = comm
-        pipeline = self.pipelines.for_layout(layout)
+        if self.pipelines.is_current(layout):
+            pipeline = self.pipelines.pipeline
+        else:  # a new pipeline takes the gradients' state: a rank that cannot fails on every rank
+            pipeline, problem = None, None
+            try:
+                pipeline = self.pipelines.for_layout(layout)
+            except ValueError as e:
+                problem = f"{name}: {e}"
+            raise_on_every_rank(comm, problem)
         if hasattr(pipeline, "step_sparse"):
             # A sparsifier's memory reads the gradients where they are (no fused copy).
             summed = pipeline.step_sparse([g.detach().reshape(-1) for g in gradients], tag=layout.tag)

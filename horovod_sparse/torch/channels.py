@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from horovod_sparse.layout import GradientLayout, agree_on_layout
-from horovod_sparse.regroup import PIPELINE_KEY
+from horovod_sparse.agreement import agree_on_layout
+from horovod_sparse.layout import GradientLayout
+from horovod_sparse.layout_pipeline import PIPELINE_KEY
 from horovod_sparse.torch.buckets import OPS, Bucket, key_order
 
 

@@ -2,16 +2,16 @@
 from horovod.torch.compression import Compressor as HorovodCompressor
 
 from horovod_sparse.adapter import CompressorAdapter, make_compression_namespace
-from horovod_sparse.horovod_checks import caller_gradient
+from horovod_sparse.horovod_frames import caller_gradient
 from horovod_sparse.ops.torch_ops import TorchOps
-from horovod_sparse.torch.fused import TorchOutOfBandCompressor
+from horovod_sparse.torch.out_of_band import TorchOutOfBandCompressor
 
 
 class TorchCompressor(CompressorAdapter, HorovodCompressor):
     """A real ``horovod.torch.compression.Compressor`` running a horovod_sparse compressor.
 
     Each gradient's state is keyed by its parameter's name, read from the calling Horovod
-    code (:func:`~horovod_sparse.horovod_checks.caller_gradient`), so the order of
+    code (:func:`~horovod_sparse.horovod_frames.caller_gradient`), so the order of
     ``compress`` calls does not matter: ``hvd.DistributedOptimizer`` reduces the gradients
     missing from the backward pass in ``synchronize()``, in an order that can differ between
     steps and ranks. Where no name is visible (a direct ``compress`` call) the key is the

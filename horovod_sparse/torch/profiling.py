@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from horovod_sparse.bench.step import max_over_ranks
+from horovod_sparse.agreement import max_over_ranks
 from horovod_sparse.schedule.cost import CostModel, fit_simultaneity
 from horovod_sparse.torch.buckets import Bucket
 

@@ -27,7 +27,7 @@ fitted costs (measured with nothing else running) can rank the plans wrongly
 """
 import statistics
 
-from horovod_sparse.bench.step import max_over_ranks
+from horovod_sparse.agreement import max_over_ranks
 from horovod_sparse.torch.channels import BucketPlan
 
 #: steps each candidate runs before its timed steps

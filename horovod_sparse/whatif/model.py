@@ -12,7 +12,7 @@ The step, for a compressor carried by Horovod (dense, fp16, randomk):
    additions of M/P bytes (from the trace's reduction table, if any);
 3. then every ``decompress``.
 
-A fused compressor (sparsifiers, quantizers, PowerSGD, FFT) hands Horovod one-float probes
+An out-of-band compressor (sparsifiers, quantizers, PowerSGD, FFT) hands Horovod one-float probes
 during backward, then runs its whole pipeline and its own exchange after backward:
 ``decompress`` time (as profiled) + rounds x latency + bytes sent per rank / bandwidth
 (:mod:`.wire`).
@@ -20,7 +20,7 @@ during backward, then runs its whole pipeline and its own exchange after backwar
 With ``compute_scale`` c (:func:`contention`: a measured forward + backward over the
 profiled one) every compute time of the profile (forward, backward, update) and every codec
 time is multiplied by c: the slowdown of P ranks sharing one machine's cores and memory,
-which a profile at P = 1 cannot see. A fused compressor also adds what it receives from the
+which a profile at P = 1 cannot see. An out-of-band compressor also adds what it receives from the
 other ranks into its result: (P-1) payloads for an allgather, 2(P-1)/P of the buffer for a
 reduce-scatter + allgather (:func:`.wire.received_values`), charged at the trace's
 vector-addition rate (a lower bound of decoding; 0 at P = 1, where the profile ran).
@@ -223,7 +223,7 @@ def predict(trace, network, workers, compressor=None, ratio=None, options=None, 
             horovod_network=None):
     """Predict one step (a :class:`Prediction`) for a named ``compressor`` (a spec, or
     ``dense``) or a plain compression ``ratio`` (the NetAI'20 model: the bytes on the wire
-    divided by it, nothing else changes). ``wire_bytes`` overrides a fused compressor's
+    divided by it, nothing else changes). ``wire_bytes`` overrides an out-of-band compressor's
     bytes sent per rank (e.g. the package's own accounting at that P).
     ``horovod_network``, when given, is the link as Horovod's allreduce sees it (e.g.
     calibrated from a measured dense step), ``network`` then serving the fused exchanges."""
@@ -252,7 +252,7 @@ def predict(trace, network, workers, compressor=None, ratio=None, options=None, 
         elif options.codec and compressor not in ("dense", "hvd-none", "none"):
             notes.append("no codec cost in the trace: counted as 0")
     # Codec costs profiled at this P (trace.workers) already hold the contention of P ranks,
-    # the fused pipelines' P-rank path, their adding of the others' contributions and the
+    # the out-of-band pipelines' P-rank path, their adding of the others' contributions and the
     # waiting at their collectives; profiled at another P they are scaled and completed.
     at_p = trace.workers == workers > 1
     if trace.workers > 1 and not at_p and compressor is not None:
@@ -268,7 +268,7 @@ def predict(trace, network, workers, compressor=None, ratio=None, options=None, 
     if not overlap:
         ready = [bk_end] * len(ready)
 
-    # 2. Horovod's allreduces: the payloads (or fused compressors' probes) in buckets
+    # 2. Horovod's allreduces: the payloads (or out-of-band compressors' probes) in buckets
     if ratio is not None:
         payload, ring_ratio = sizes, float(ratio)
     else:
@@ -282,8 +282,8 @@ def predict(trace, network, workers, compressor=None, ratio=None, options=None, 
     comm = sched.busy
 
     # 3. the fused exchange, then decompress
-    if kind == "fused":
-        fused = wire.fused_part(grads)
+    if kind == "out_of_band":
+        fused = wire.out_of_band_part(grads)
         n = sum(g.nbytes for g in fused) // 4
         shapes = [g.shape for g in fused] if all(g.shape is not None for g in fused) else None
         formula, rounds = wire.fused_exchange(compressor, n, workers, shapes, cost_info.sent_fraction)

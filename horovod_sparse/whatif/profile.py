@@ -22,7 +22,7 @@ What is measured (medians over ``steps`` steps after ``warmup``):
   update (what one worker pays per step without any communication);
 * codec cost per compressor: Horovod's call pattern on the model's real gradients:
   ``compress`` of every gradient in backward order, then ``decompress`` of every payload
-  (for the fused compressors that runs the whole pipeline, its own exchange included),
+  (for the out-of-band compressors that runs the whole pipeline, its own exchange included),
   ``repeats`` times after one warm-up step;
 * ``reduce``: adding two float vectors, at sizes up to the model's; ``copy_s``: one copy
   of a buffer as large as the model (memory bound of any pass over the gradient).
@@ -31,7 +31,7 @@ Run on one process, the profile is of one worker alone (``workers`` 1 in the tra
 fused exchanges move no bytes. Run under ``mpirun -np P`` (or ``horovod-sparse profile
 --np P``) every rank profiles at once, each step started together: the trace then holds
 what P ranks pay where they run (``workers`` P): backward and codec under their
-contention for the cores and memory, and the fused compressors' pipelines as they run at
+contention for the cores and memory, and the out-of-band compressors' pipelines as they run at
 P, their exchange on the local transport and the waiting at its collectives included.
 Backward times are averaged over the ranks, codec times are the slowest rank's per step
 (a step ends when its slowest rank does); rank 0 returns the trace, the others None.
@@ -132,7 +132,7 @@ class _Ranks:
     def slowest(self, values):
         """Element-wise maximum over the ranks, as a float64 array."""
         import numpy as np
-        from horovod_sparse.bench.step import max_over_ranks
+        from horovod_sparse.agreement import max_over_ranks
         return np.asarray(values, dtype=np.float64) if self.comm is None else max_over_ranks(self.comm, values)
 
     def mean(self, values):
@@ -234,9 +234,9 @@ def _horovod_compressor(spec):
 def _sent_fraction(compression):
     """Fraction of the fused buffer a sparsifier selected in its last step, if it says."""
     try:
-        for _layout, sparsifier in getattr(compression, "sparsifiers", {}).values():
-            indices = getattr(getattr(sparsifier, "last", None), "local_indices", None)
-            n = getattr(sparsifier, "n", None)
+        for _layout, pipeline in getattr(compression, "pipelines", {}).values():
+            indices = getattr(getattr(pipeline, "last", None), "local_indices", None)
+            n = getattr(pipeline, "n", None)
             if indices is not None and n:
                 return float(len(indices)) / n
     except Exception:   # accounting is optional: never fail a profile for it

@@ -11,7 +11,7 @@ profile``)::
         {"name": "4.bias", "wait_s": 0.0021, "bytes": 16384, "shape": [4096], "dtype": "float32"}, ...],
      "workers": 1,                     # ranks profiled at once (mpirun -np P): what P ranks pay here
      "compressors": {                  # codec cost on this device at `workers` ranks, per step
-        "topk:density=0.01": {"compress_s": 0.001, "decompress_s": 0.41, "carrier": "fused",
+        "topk:density=0.01": {"compress_s": 0.001, "decompress_s": 0.41, "carrier": "out_of_band",
                               "sent_fraction": 0.01}, ...},
      "reduce": [[bytes, seconds], ...],   # adding two vectors of that many bytes
      "copy_s": 0.014,                  # one copy of a buffer as large as the model
@@ -65,8 +65,8 @@ class CodecCost:
 
     ``compress_s``: all ``compress`` calls of a step (run in the gradient hooks, during
     backward); ``decompress_s``: all ``decompress`` calls (after the exchanges; for the
-    fused compressors this is where the whole pipeline runs); ``carrier``: "horovod"
-    (payload carried by Horovod's allreduce) or "fused" (the package's own exchange after
+    out-of-band compressors this is where the whole pipeline runs); ``carrier``: "horovod"
+    (payload carried by Horovod's allreduce) or "out_of_band" (the package's own exchange after
     backward); ``sent_fraction``: measured fraction of the fused buffer a rank sends, for
     compressors whose count depends on the data; ``wire_ratio``: optional override of
     bytes sent / dense ring bytes."""
@@ -89,6 +89,8 @@ class CodecCost:
         known = {k: d[k] for k in ("compress_s", "decompress_s", "carrier", "sent_fraction", "wire_ratio") if k in d}
         if "codec_s" in d and "compress_s" not in d and "decompress_s" not in d:
             known["decompress_s"] = float(d["codec_s"])   # a single number: all of it after backward
+        if known.get("carrier") == "fused":  # traces written before the "out_of_band" vocabulary
+            known["carrier"] = "out_of_band"
         return cls(**known)
 
 

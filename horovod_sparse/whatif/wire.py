@@ -8,7 +8,7 @@ Two kinds of compressor:
   each gradient becomes a smaller dense payload that Horovod fuses into buckets and
   ring-allreduces, 2(P-1)/P x payload bytes per rank in 2(P-1) rounds;
   :func:`payload_bytes` gives each gradient's payload;
-* fused (everything else): one exchange of the whole flattened buffer after backward, by
+* out-of-band (everything else): one exchange of the whole flattened buffer after backward, by
   the package's own engine; :func:`fused_exchange` gives (bytes sent per rank, message
   rounds). Formulas, with n elements, k = ceil(density * n) (or the measured fraction),
   index+value pairs of 8 bytes (int32 indices below 2**31 elements):
@@ -27,7 +27,7 @@ Two kinds of compressor:
     position and a ``bits``-bit code, allgathered ((P-1) x) or by Ok-Topk.
 
     >>> round(payload_ratio("fp16"), 2), carrier("topk:density=0.01")
-    (0.5, 'fused')
+    (0.5, 'out_of_band')
     >>> fused_exchange("topk:density=0.01", n=1_000_000, workers=4)   # (P-1) * 8k bytes, P-1 rounds
     (240000.0, 3)
 """
@@ -37,7 +37,7 @@ import math
 HOROVOD_NAMES = {"dense": "none", "hvd-none": "none", "hvd-fp16": "fp16"}
 #: Horovod carriers: bytes of payload per byte of float32 gradient.
 _HOROVOD_RATIO = {"none": 1.0, "fp16": 0.5}
-#: The probe each fused compressor hands Horovod per gradient (one float32).
+#: The probe each out-of-band compressor hands Horovod per gradient (one float32).
 PROBE_BYTES = 4
 
 
@@ -63,11 +63,11 @@ def canonical(spec):
 
 
 def carrier(spec):
-    """"horovod" or "fused"."""
+    """"horovod" or "out_of_band"."""
     name, obj = parse(spec)
     if obj is None:
         return "horovod"
-    return "fused" if getattr(obj, "fused", False) else "horovod"
+    return "out_of_band" if getattr(obj, "out_of_band", False) else "horovod"
 
 
 def payload_ratio(spec, elements=None):
@@ -87,22 +87,22 @@ def payload_ratio(spec, elements=None):
 def dense_below():
     """Fused compressors send gradients with fewer elements through Horovod, unchanged."""
     try:
-        from horovod_sparse.sparse_adapter import DEFAULT_DENSE_BELOW
+        from horovod_sparse.out_of_band import DEFAULT_DENSE_BELOW
         return DEFAULT_DENSE_BELOW
     except ImportError:   # pragma: no cover - the adapter moved; its documented default
         return 1024
 
 
-def fused_part(gradients):
-    """The gradients a fused compressor flattens into its buffer (the others go dense)."""
+def out_of_band_part(gradients):
+    """The gradients an out-of-band compressor flattens into its buffer (the others go dense)."""
     limit = dense_below()
     return [g for g in gradients if g.nbytes // 4 >= limit]
 
 
 def payload_bytes(spec, gradients):
-    """Per gradient: what Horovod allreduces for it (for a fused compressor: a one-float
+    """Per gradient: what Horovod allreduces for it (for an out-of-band compressor: a one-float
     probe, or the whole gradient when it is too small to be fused)."""
-    if carrier(spec) == "fused":
+    if carrier(spec) == "out_of_band":
         limit = dense_below()
         return [PROBE_BYTES if g.nbytes // 4 >= limit else g.nbytes for g in gradients]
     out = []
@@ -151,7 +151,7 @@ def _powersgd_elements(obj, shapes, n):
 
 
 def fused_exchange(spec, n, workers, shapes=None, sent_fraction=None):
-    """``(bytes sent per rank, message rounds)`` of a fused compressor's exchange of an
+    """``(bytes sent per rank, message rounds)`` of an out-of-band compressor's exchange of an
     ``n``-element float32 buffer on ``workers`` ranks (formulas of the module docstring).
     ``shapes`` (the gradients' shapes) matter to PowerSGD; ``sent_fraction`` replaces the
     nominal density where the count depends on the data (threshold, DGC, Gaussiank)."""
@@ -187,7 +187,7 @@ def fused_exchange(spec, n, workers, shapes=None, sent_fraction=None):
 
 
 def bytes_per_value(spec, n):
-    """Bytes on the wire per gradient value a fused compressor sends: an index+value pair
+    """Bytes on the wire per gradient value an out-of-band compressor sends: an index+value pair
     for the sparsifiers, the code size per element for the quantizers, 4 for PowerSGD's
     factors, a position and a ``bits``-bit code for FFT."""
     name, obj = parse(spec)

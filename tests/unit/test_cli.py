@@ -39,8 +39,8 @@ def json_trace(tmp_path):
     trace = Trace("toy", grads, 0.02, device="cpu", batch=8,
                   compressors={"dense": CodecCost(0.0, 0.0, "horovod"),
                                "hvd-fp16": CodecCost(0.002, 0.001, "horovod"),
-                               "topk:density=0.01": CodecCost(0.0001, 0.004, "fused", 0.01),
-                               "qsgd": CodecCost(0.0001, 0.3, "fused")})
+                               "topk:density=0.01": CodecCost(0.0001, 0.004, "out_of_band", 0.01),
+                               "qsgd": CodecCost(0.0001, 0.3, "out_of_band")})
     path = tmp_path / "toy.json"
     trace.save(path)
     return str(path)
@@ -53,7 +53,7 @@ def test_list_shows_every_compressor_with_its_defaults(capsys):
     names = [line.split()[0] for line in out.splitlines()]
     assert set(available()) <= set(names) and "dense" in names
     topk = next(line for line in out.splitlines() if line.startswith("topk "))
-    assert "density=0.01" in topk and "fused" in topk
+    assert "density=0.01" in topk and "out_of_band" in topk
 
 
 # ----------------------------------------------------------------------- whatif
@@ -137,7 +137,7 @@ def test_profile_writes_a_trace_that_whatif_reads(tmp_path, capsys):
     assert [g.name for g in trace.gradients] == ["net.2.bias", "net.2.weight", "net.0.bias", "net.0.weight"]
     assert trace.gradients[1].nbytes == 256 * 8 * 4 and trace.gradients[1].shape == [8, 256]
     assert set(trace.compressors) == {"dense", "topk:density=0.1", "randomk:density=0.1"}
-    assert trace.compressors["topk:density=0.1"].carrier == "fused"
+    assert trace.compressors["topk:density=0.1"].carrier == "out_of_band"
     assert trace.compressors["topk:density=0.1"].sent_fraction == pytest.approx(0.1, abs=0.01)
     assert trace.batch_time_s > trace.backward_s > 0 and trace.reduce and trace.copy_s > 0
     assert cli.main(["whatif", str(out), "--workers", "4", "--bandwidth", "1", "--json"]) == 0

@@ -12,6 +12,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 import horovod_sparse
 
 PACKAGE = Path(horovod_sparse.__file__).parent
@@ -33,6 +35,7 @@ def import_alone(name):
     return name, result.returncode, result.stderr[-1500:]
 
 
+@pytest.mark.timeout(900)  # a hundred fresh interpreters, two at a time, on 2 cores
 def test_every_module_imports_first_in_a_fresh_interpreter():
     with ThreadPoolExecutor(max_workers=2) as pool:
         failures = [(name, err) for name, rc, err in pool.map(import_alone, modules()) if rc != 0]

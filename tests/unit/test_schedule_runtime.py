@@ -93,7 +93,7 @@ def test_the_tensorflow_frontend_refuses_schedules_clearly():
 def test_dense_is_the_plain_float32_sum_on_one_rank():
     from mpi4py import MPI
     grad = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
-    with horovod_sparse.create("dense").make_sparsifier(grad.size, MPI.COMM_SELF) as pipeline:
+    with horovod_sparse.create("dense").make_pipeline(grad.size, MPI.COMM_SELF) as pipeline:
         np.testing.assert_array_equal(np.asarray(pipeline.step(grad)), grad)
         np.testing.assert_array_equal(np.asarray(pipeline.step(2 * grad)), 2 * grad)   # no residual
 

@@ -1,11 +1,11 @@
-"""StepSum (torch/fused.py): one step's summed pairs written back into each gradient, checked
+"""StepSum (torch/out_of_band.py): one step's summed pairs written back into each gradient, checked
 bitwise against a numpy oracle that densifies the fused sum and cuts it by the layout."""
 import numpy as np
 import pytest
 import torch
 
 from horovod_sparse.layout import GradientLayout
-from horovod_sparse.torch.fused import StepSum
+from horovod_sparse.torch.buckets import StepSum
 
 SHAPES = {"a.weight": ((3, 4), torch.float32), "b.bias": ((5,), torch.float64),
           "c.weight": ((2, 3, 2), torch.float32), "d.bias": ((1,), torch.float32)}

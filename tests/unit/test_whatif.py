@@ -111,7 +111,7 @@ def test_latency_and_codec_cost_only_add_time():
 
 
 def test_a_fused_compressor_pays_its_pipeline_then_its_exchange_after_backward():
-    t = _trace(sizes=(4_000_000, 8_000_000), compressors={"topk:density=0.01": CodecCost(0.001, 0.05, "fused")})
+    t = _trace(sizes=(4_000_000, 8_000_000), compressors={"topk:density=0.01": CodecCost(0.001, 0.05, "out_of_band")})
     net = Network.from_gbps(1, 0.0)
     p1 = predict(t, net, 1, compressor="topk:density=0.01")
     assert p1.overhead_s == pytest.approx(0.051)        # P = 1: the codec alone
@@ -121,7 +121,7 @@ def test_a_fused_compressor_pays_its_pipeline_then_its_exchange_after_backward()
 
 
 def test_measured_wire_bytes_replace_the_formula():
-    t = _trace(compressors={"qsgd": CodecCost(0.0, 0.0, "fused")})
+    t = _trace(compressors={"qsgd": CodecCost(0.0, 0.0, "out_of_band")})
     p = predict(t, Network.from_gbps(1, 0.0), 2, compressor="qsgd", wire_bytes=1e6,
                 options=Options(overlap=False))
     probes = RingAllreduce(1e9, 0.0, 2)(2 * 4)    # Horovod's one-float probes, one bucket
@@ -183,7 +183,7 @@ def test_contention_is_the_measured_over_the_profiled_forward_and_backward():
 
 
 def test_compute_scale_multiplies_compute_and_codec_not_the_wire():
-    t = _trace(device="cpu", compressors={"topk:density=0.01": CodecCost(0.002, 0.03, "fused"),
+    t = _trace(device="cpu", compressors={"topk:density=0.01": CodecCost(0.002, 0.03, "out_of_band"),
                                           "dense": CodecCost(0.001, 0.001, "horovod")})
     net = Network.from_gbps(1, 1e-4)
     for spec in ("topk:density=0.01", "dense"):
@@ -196,8 +196,8 @@ def test_compute_scale_multiplies_compute_and_codec_not_the_wire():
 
 
 def test_adding_the_other_ranks_contributions_grows_with_p():
-    # vector additions cost 1 ns per byte: a fused compressor pays (received values x 4) ns
-    t = _trace(device="cpu", compressors={"topk:density=0.01": CodecCost(0.0, 0.03, "fused")})
+    # vector additions cost 1 ns per byte: an out-of-band compressor pays (received values x 4) ns
+    t = _trace(device="cpu", compressors={"topk:density=0.01": CodecCost(0.0, 0.03, "out_of_band")})
     t.reduce = [[1, 1e-9], [1e9, 1.0]]
     net = Network.from_gbps(1, 0.0)
     codec = {p: predict(t, net, p, compressor="topk:density=0.01").codec_s for p in (1, 2, 4, 8)}
@@ -210,7 +210,7 @@ def test_adding_the_other_ranks_contributions_grows_with_p():
 def test_codec_profiled_at_p_is_used_as_measured_there_and_scaled_elsewhere():
     # profiled by 4 ranks at once: at P = 4 the codec is already what 4 ranks pay (no compute
     # scale, no addition term); at another P it is treated as a P = 1 profile, with a note
-    t = _trace(device="cpu", compressors={"topk:density=0.01": CodecCost(0.001, 0.03, "fused")})
+    t = _trace(device="cpu", compressors={"topk:density=0.01": CodecCost(0.001, 0.03, "out_of_band")})
     t.reduce = [[1, 1e-9], [1e9, 1.0]]
     t.workers = 4
     net, slow = Network.from_gbps(1, 0.0), Options(compute_scale=2.0)
@@ -279,7 +279,7 @@ def test_horovod_payloads():
     assert wire.payload_bytes("hvd-fp16", g) == [2000, 20]
     assert wire.payload_bytes("randomk:density=0.01", g) == [40, 4]   # at least one element
     assert wire.payload_bytes("topk", [Gradient("w", 0, 4 * 4096), Gradient("b", 0, 40)]) == [4, 40]
-    assert wire.carrier("randomk") == "horovod" and wire.carrier("qsgd") == "fused"
+    assert wire.carrier("randomk") == "horovod" and wire.carrier("qsgd") == "out_of_band"
     assert wire.canonical("dense") == "none" == wire.canonical("hvd-none")
     assert wire.canonical("topk") == wire.canonical("topk:density=0.01")
     with pytest.raises(ValueError):
@@ -304,7 +304,7 @@ def test_bk_log_reader(tmp_path):
 
 
 def test_json_trace_round_trip(tmp_path):
-    t = _trace(compressors={"topk:density=0.01": CodecCost(0.001, 0.05, "fused", 0.0101)})
+    t = _trace(compressors={"topk:density=0.01": CodecCost(0.001, 0.05, "out_of_band", 0.0101)})
     t.reduce = [[4096, 1e-6], [1 << 20, 1e-4]]
     t.tail_s = 0.001
     path = tmp_path / "t.json"
@@ -339,7 +339,7 @@ def test_recommends_none_on_a_fast_network_and_compression_on_a_slow_one(netai_t
 
 
 def test_an_expensive_codec_is_not_recommended():
-    t = _trace(compressors={"dense": CodecCost(), "qsgd": CodecCost(0.0, 10.0, "fused")})
+    t = _trace(compressors={"dense": CodecCost(), "qsgd": CodecCost(0.0, 10.0, "out_of_band")})
     rows = sweep(t, [8], gbps=[1], compressors=["dense", "qsgd"])
     (rec,) = recommend(rows)
     assert rec.choice == "none" and rec.best == "dense"
@@ -379,7 +379,7 @@ def test_validate_script_reads_measured_steps_and_scores_the_picks(tmp_path, cap
 
     trace = _trace(device="cpu", compressors={"dense": CodecCost(0.0, 0.0, "horovod"),
                                               "hvd-fp16": CodecCost(0.004, 0.002, "horovod"),
-                                              "topk:density=0.01": CodecCost(0.0, 0.03, "fused")})
+                                              "topk:density=0.01": CodecCost(0.0, 0.03, "out_of_band")})
     (tmp_path / "traces").mkdir()
     trace.save(tmp_path / "traces" / "toy.json")
     net = Network(0.8e9, 50e-6)   # what the benchmarks below say

@@ -33,7 +33,7 @@ def test_packed_pairs_equal_two_allgathervs_bitwise(index_dtype, value_dtype):
                          and packed_traffic.bytes_received == two_traffic.bytes_received)
         assert all_ranks(packed_traffic.messages_sent * 2 == two_traffic.messages_sent)
     finally:
-        comm.free()
+        comm.close()
 
 
 def test_packed_pairs_with_nothing_anywhere():
@@ -42,4 +42,4 @@ def test_packed_pairs_with_nothing_anywhere():
         got = comm.allgatherv_pairs(np.empty(0, np.int32), np.empty(0, np.float32), [0] * SIZE)
         assert all_ranks(got[0].size == 0 and got[1].size == 0 and got[1].dtype == np.float32)
     finally:
-        comm.free()
+        comm.close()

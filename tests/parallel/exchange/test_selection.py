@@ -11,7 +11,7 @@ from horovod_sparse.exchange.comm import CountingComm
 def counting_comm():
     comm = CountingComm(MPI.COMM_WORLD)
     yield comm
-    comm.free()
+    comm.close()
 
 
 @pytest.mark.parametrize("target", [1, 7, 50, 400])

@@ -7,7 +7,7 @@ ranks' own decoded contributions; the majority vote equals P * sign(sum of signs
 the payload bytes equal the documented formula exactly; agreement errors raise on every
 rank; n = 0, n < P and P = 1 work. With torch tensors as input the exchange runs on
 them (result and ``own`` are tensors) and gives bitwise the numpy results, moving only
-the codes off the tensor's device (tensors.HOST_TRAFFIC).
+the codes off the tensor's device (host.HOST_TRAFFIC).
 """
 import numpy as np
 import pytest
@@ -181,7 +181,7 @@ def test_state_dict_restores_server_residual_and_calls(assert_identical_across_r
 @pytest.mark.parametrize("n", [1000, 2])
 def test_torch_input_gives_the_numpy_result(assert_identical_across_ranks, codec, method, n):
     torch = pytest.importorskip("torch")
-    from horovod_sparse.ops.tensors import HOST_TRAFFIC
+    from horovod_sparse.ops.host import HOST_TRAFFIC
     server = method == "alltoall" and codec.aggregate == "sum"
     twin = type(codec).__new__(type(codec))
     twin.__dict__.update(codec.__getstate__())  # the same code, its own scratch buffers

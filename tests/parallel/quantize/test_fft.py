@@ -204,9 +204,9 @@ def test_exchange_error_leaves_state_untouched():
 
 def test_compressor_pipeline_and_no_error_feedback(assert_identical_across_ranks):
     compressor = horovod_sparse.create("fft:theta=0.75,bits=12,chunk_size=512,error_feedback=false")
-    assert compressor.fused and compressor.name == "fft"
+    assert compressor.out_of_band and compressor.name == "fft"
     assert horovod_sparse.create(compressor.spec).params == compressor.params
-    with compressor.make_sparsifier(N, MPI.COMM_WORLD) as p:
+    with compressor.make_pipeline(N, MPI.COMM_WORLD) as p:
         for step in range(2):
             out = p.step(gradient(step))
             assert_identical_across_ranks(out)
@@ -257,7 +257,7 @@ def test_bad_parameters(params, name):
 #   1.3e-5 on a step where one code flipped).
 import torch  # noqa: E402
 
-from horovod_sparse.ops import tensors  # noqa: E402
+from horovod_sparse.ops import host  # noqa: E402
 
 
 def _pipeline(exchange, numpy_on_cpu=True, bits=8):
@@ -323,15 +323,15 @@ def test_torch_kernels_agree_with_numpy(comm, assert_identical_across_ranks):
 
 @pytest.mark.parametrize("exchange", ["allgather", "oktopk"])
 def test_only_the_kept_pairs_cross_to_the_host(exchange):
-    """With torch input, what leaves torch (tensors.HOST_TRAFFIC) is the kept pairs (int64
+    """With torch input, what leaves torch (host.HOST_TRAFFIC) is the kept pairs (int64
     position + float32 value); what enters is their decoded values, the positions and
     values consumed (oktopk only: allgather consumes all it sent) and the summed pairs."""
     with _pipeline(exchange) as p:
         for step in range(3):
-            tensors.HOST_TRAFFIC.reset()
+            host.HOST_TRAFFIC.reset()
             p.step(torch.from_numpy(gradient(step)))
             sent, cleared = p.last.indices.numel(), p.last.cleared.numel()
-            traffic = tensors.HOST_TRAFFIC
+            traffic = host.HOST_TRAFFIC
             assert traffic.bytes_out == 12 * sent
             # the summed pairs: at most every rank's kept pairs (theta = 0.8 keeps 20% of
             # the floats, so at P = 4 their union may outweigh the gradient)

@@ -101,7 +101,7 @@ def ring_bytes(elements):
 def test_against_oracle(layout, rank, warm_start, error_feedback, comm, assert_identical_across_ranks):
     n = LAYOUT.n if layout is not None else 1000
     spec = horovod_sparse.create("powersgd", rank=rank, warm_start=warm_start, error_feedback=error_feedback)
-    with spec.make_sparsifier(n, comm, layout=layout) as pipe:
+    with spec.make_pipeline(n, comm, layout=layout) as pipe:
         blocks = expected_blocks(layout, rank, n)
         assert [(m.offset, m.size, m.rows, m.cols, m.rank) for m in pipe.plan.matrices] == blocks
         compressed = np.zeros(n, bool)
@@ -147,7 +147,7 @@ def test_against_oracle(layout, rank, warm_start, error_feedback, comm, assert_i
 
 def test_bytes_match_the_formula(comm):
     # Rank 2: N1 = 2*(48 + 24 + 16) + dense (36 + 12 + 24 + 1) = 249, N2 = 2*(36 + 60 + 27) = 246.
-    with horovod_sparse.create("powersgd:rank=2").make_sparsifier(LAYOUT.n, comm, layout=LAYOUT) as pipe:
+    with horovod_sparse.create("powersgd:rank=2").make_pipeline(LAYOUT.n, comm, layout=LAYOUT) as pipe:
         plan = pipe.plan
         n1, n2 = plan.p_size + plan.dense_size, plan.q_size
         assert (n1, n2) == (249, 246)
@@ -166,7 +166,7 @@ def test_bytes_match_the_formula(comm):
     layout = GradientLayout([("w1", (48, 36), "float32"), ("b1", (36,), "float32"),
                              ("w2", (24, 60), "float32"), ("b2", (24,), "float32"),
                              ("tiny", (3, 4), "float32")])
-    with horovod_sparse.create("powersgd:rank=2").make_sparsifier(layout.n, comm, layout=layout) as pipe:
+    with horovod_sparse.create("powersgd:rank=2").make_pipeline(layout.n, comm, layout=layout) as pipe:
         pipe.step(gradient(layout, 0), tag=layout.tag)
         plan = pipe.plan
         elements = plan.p_size + plan.dense_size + plan.q_size
@@ -178,15 +178,15 @@ def test_bytes_match_the_formula(comm):
 def test_state_dict_round_trip_is_bitwise(comm, assert_identical_across_ranks):
     grads = [gradient(LAYOUT, step, seed=3) for step in range(5)]
     spec = horovod_sparse.create("powersgd:rank=2")
-    with spec.make_sparsifier(LAYOUT.n, comm, layout=LAYOUT) as pipe:
+    with spec.make_pipeline(LAYOUT.n, comm, layout=LAYOUT) as pipe:
         straight = [pipe.step(g, tag=LAYOUT.tag) for g in grads]
         final = pipe.state_dict()
-    with spec.make_sparsifier(LAYOUT.n, comm, layout=LAYOUT) as pipe:
+    with spec.make_pipeline(LAYOUT.n, comm, layout=LAYOUT) as pipe:
         for g in grads[:2]:
             pipe.step(g, tag=LAYOUT.tag)
         saved = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in pipe.state_dict().items()}
     assert all(isinstance(v, (int, np.ndarray)) for v in saved.values())
-    with spec.make_sparsifier(LAYOUT.n, comm, layout=LAYOUT) as pipe:
+    with spec.make_pipeline(LAYOUT.n, comm, layout=LAYOUT) as pipe:
         pipe.load_state_dict(saved)
         resumed = [pipe.step(g, tag=LAYOUT.tag) for g in grads[2:]]
         again = pipe.state_dict()
@@ -209,9 +209,9 @@ def test_mismatches_raise_on_every_rank(comm, assert_identical_across_ranks):
     other = GradientLayout([("w1", (36, 48), "float32")] + [(e.key, e.shape, e.dtype) for e in LAYOUT.entries[1:]])
     layout = other if RANK == SIZE - 1 else LAYOUT
     spec = horovod_sparse.create("powersgd:rank=2")
-    with spec.make_sparsifier(layout.n, comm, layout=layout) as pipe:
+    with spec.make_pipeline(layout.n, comm, layout=layout) as pipe:
         _expect_error_everywhere(pipe, gradient(LAYOUT, 0), 5, "ranks disagree on params")
-    with spec.make_sparsifier(LAYOUT.n, comm, layout=LAYOUT) as pipe:
+    with spec.make_pipeline(LAYOUT.n, comm, layout=LAYOUT) as pipe:
         grad = gradient(LAYOUT, 0)
         pipe.step(grad, tag=LAYOUT.tag)
         before = pipe.state_dict()
@@ -224,7 +224,7 @@ def test_mismatches_raise_on_every_rank(comm, assert_identical_across_ranks):
         # Nothing was lost: the next good call works on every rank.
         assert_identical_across_ranks(pipe.step(grad, tag=LAYOUT.tag))
     # A different rank on one rank.
-    with horovod_sparse.create("powersgd", rank=2 + (RANK == 0)).make_sparsifier(
+    with horovod_sparse.create("powersgd", rank=2 + (RANK == 0)).make_pipeline(
             LAYOUT.n, comm, layout=LAYOUT) as pipe:
         _expect_error_everywhere(pipe, gradient(LAYOUT, 0), 0, "ranks disagree on k")
 
@@ -239,14 +239,14 @@ def test_mismatches_raise_on_every_rank(comm, assert_identical_across_ranks):
 # code on the same (summed) factors, so replicas stay bitwise identical on every rank.
 import torch  # noqa: E402
 
-from horovod_sparse.ops import tensors  # noqa: E402
+from horovod_sparse.ops import host  # noqa: E402
 
 TORCH_CASES = [(LAYOUT, 2), (LAYOUT, 1), (None, 3)]
 
 
 def _make(layout, rank, numpy_on_cpu=True):
     n = LAYOUT.n if layout is not None else 1000
-    pipe = horovod_sparse.create("powersgd", rank=rank).make_sparsifier(n, MPI.COMM_WORLD, layout=layout)
+    pipe = horovod_sparse.create("powersgd", rank=rank).make_pipeline(n, MPI.COMM_WORLD, layout=layout)
     pipe.numpy_on_cpu = numpy_on_cpu
     return pipe
 
@@ -304,16 +304,16 @@ def test_torch_kernels_agree_with_numpy(layout, rank, comm, assert_identical_acr
 
 
 def test_only_the_factors_cross_to_the_host(comm):
-    """With torch input, what enters and leaves torch (tensors.HOST_TRAFFIC) is exactly the
+    """With torch input, what enters and leaves torch (host.HOST_TRAFFIC) is exactly the
     factors: P's and dense vector out, Q's out; start Q's, orthonormal P's, summed Q's and
     the dense sum in. Never the gradient."""
     with _make(LAYOUT, 2) as pipe:
         plan = pipe.plan
         p, q, d = plan.p_size, plan.q_size, plan.dense_size
         for step in range(2):
-            tensors.HOST_TRAFFIC.reset()
+            host.HOST_TRAFFIC.reset()
             pipe.step(torch.from_numpy(gradient(LAYOUT, step)), tag=LAYOUT.tag)
-            traffic = tensors.HOST_TRAFFIC
+            traffic = host.HOST_TRAFFIC
             assert traffic.bytes_out == 4 * (p + d + q)
             assert traffic.bytes_in == 4 * (q + p + q + d)
             assert traffic.largest == 4 * max(p + d, q) < 4 * LAYOUT.n

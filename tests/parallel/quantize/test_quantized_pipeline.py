@@ -1,5 +1,5 @@
 """The quantizers' pipelines, made the way the frontends make them
-(``horovod_sparse.create(spec).make_sparsifier(n, comm)``), against independent oracles.
+(``horovod_sparse.create(spec).make_pipeline(n, comm)``), against independent oracles.
 
 Per step: the vector a rank sends is recomputed by the test (grad + old residual with
 error feedback, Signum's u = beta * u + grad, else grad); the result must be bitwise
@@ -59,7 +59,7 @@ def test_pipeline_matches_oracle(comm, assert_identical_across_ranks, spec):
                             server_error_feedback=error_feedback and method == "alltoall")
     residual = np.zeros(N, np.float32)
     u = np.zeros(N, np.float32)
-    with horovod_sparse.create(spec).make_sparsifier(N, comm) as pipe:
+    with horovod_sparse.create(spec).make_pipeline(N, comm) as pipe:
         assert isinstance(pipe, QuantizedPipeline) and pipe.last is None
         assert (pipe.residual is not None) == error_feedback
         total_bytes = 0
@@ -98,7 +98,7 @@ def test_pipeline_matches_oracle(comm, assert_identical_across_ranks, spec):
 def test_state_dict_round_trip(comm, spec):
     """Save after step 2, load into a fresh pipeline: steps 3..5 are bitwise equal."""
     compressor = horovod_sparse.create(spec)
-    with compressor.make_sparsifier(N, comm) as a, compressor.make_sparsifier(N, comm) as b:
+    with compressor.make_pipeline(N, comm) as a, compressor.make_pipeline(N, comm) as b:
         saved = None
         outs_a = []
         for step in range(5):
@@ -118,7 +118,7 @@ def test_state_dict_round_trip(comm, spec):
 
 
 def test_bad_grad_on_one_rank_raises_everywhere_and_keeps_state(comm):
-    with horovod_sparse.create("onebit").make_sparsifier(N, comm) as pipe:
+    with horovod_sparse.create("onebit").make_pipeline(N, comm) as pipe:
         pipe.step(grad_of(0))
         before = pipe.state_dict()
         grad = grad_of(1)[:-1] if RANK == 0 else grad_of(1)
@@ -137,7 +137,7 @@ def test_bad_grad_on_one_rank_raises_everywhere_and_keeps_state(comm):
 def test_small_buffers(comm, assert_identical_across_ranks, n):
     """n = 0 and n < P (empty chunks) for every quantizer."""
     for spec in ("bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit"):
-        with horovod_sparse.create(spec).make_sparsifier(n, comm) as pipe:
+        with horovod_sparse.create(spec).make_pipeline(n, comm) as pipe:
             for step in range(2):
                 out = pipe.step(grad_of(step, n=n))
                 assert out.shape == (n,)
@@ -168,7 +168,7 @@ def test_bad_parameters(comm):
 def test_torch_pipeline_is_the_numpy_pipeline(comm, assert_identical_across_ranks, spec):
     torch = pytest.importorskip("torch")
     compressor = horovod_sparse.create(spec)
-    with compressor.make_sparsifier(N, comm) as on_numpy, compressor.make_sparsifier(N, comm) as on_torch:
+    with compressor.make_pipeline(N, comm) as on_numpy, compressor.make_pipeline(N, comm) as on_torch:
         for step in range(4):
             grad = grad_of(step)
             expected = on_numpy.step(grad, tag=9)
@@ -189,7 +189,7 @@ def test_torch_pipeline_is_the_numpy_pipeline(comm, assert_identical_across_rank
 
 def test_torch_bad_grad_raises_everywhere_and_keeps_state(comm):
     torch = pytest.importorskip("torch")
-    with horovod_sparse.create("efsignsgd").make_sparsifier(N, comm) as pipe:
+    with horovod_sparse.create("efsignsgd").make_pipeline(N, comm) as pipe:
         pipe.step(torch.from_numpy(grad_of(0)))
         before = pipe.state_dict()
         grad = torch.from_numpy(grad_of(1))

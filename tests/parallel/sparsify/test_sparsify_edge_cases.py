@@ -20,7 +20,7 @@ def run_steps(spec, comm, grads, tag=0):
     """Run the grads through a fresh sparsifier; return outputs and the sparsifier's last infos."""
     n = grads[0].size
     outputs, infos = [], []
-    with horovod_sparse.create(spec).make_sparsifier(n, comm) as sparsifier:
+    with horovod_sparse.create(spec).make_pipeline(n, comm) as sparsifier:
         for grad in grads:
             outputs.append(sparsifier.step(grad, tag=tag))
             infos.append(sparsifier.last)
@@ -140,7 +140,7 @@ def test_nan_gradient_does_not_crash_and_propagates_identically(spec, comm,
                                   "oktopk:density=0.1,warmup_steps=2", "dgc:density=0.1"])
 def test_tag_mismatch_raises_everywhere_and_changes_nothing(spec, comm):
     n = 300
-    with horovod_sparse.create(spec).make_sparsifier(n, comm) as sparsifier:
+    with horovod_sparse.create(spec).make_pipeline(n, comm) as sparsifier:
         sparsifier.step(gradient(n, 0, RANK), tag=7)
         before = sparsifier.state_dict()
         with pytest.raises(ExchangeError, match=r"ranks disagree on tag \(rank 0: 7, rank 1: 8"):
@@ -160,7 +160,7 @@ def test_tag_mismatch_raises_everywhere_and_changes_nothing(spec, comm):
 
 
 def test_wrong_gradient_length_is_refused_locally(comm):
-    with horovod_sparse.create("topk").make_sparsifier(10, comm) as sparsifier:
+    with horovod_sparse.create("topk").make_pipeline(10, comm) as sparsifier:
         for bad in (np.zeros(11, np.float32), np.zeros((2, 5), np.float32), np.zeros(10, np.int32)):
             with pytest.raises(ValueError, match="grad must be a 1-D float array of length n=10"):
                 sparsifier.step(bad)
@@ -171,7 +171,7 @@ def test_oktopk_warmup_sends_everything_densely_and_clears_the_residual(warmup_s
                                                                        assert_identical_across_ranks):
     n = 1000
     compressor = horovod_sparse.create("oktopk", density=0.01, warmup_steps=warmup_steps)
-    with compressor.make_sparsifier(n, comm) as sparsifier:
+    with compressor.make_pipeline(n, comm) as sparsifier:
         for step in range(warmup_steps + 2):
             grad = gradient(n, step, RANK)
             acc = grad + sparsifier.residual
@@ -196,7 +196,7 @@ def test_oktopk_warmup_sends_everything_densely_and_clears_the_residual(warmup_s
 def test_error_feedback_off_keeps_the_residual_zero_and_drops_the_rest(comm):
     n = 500
     compressor = horovod_sparse.create("topk", density=0.02, error_feedback=False)
-    with compressor.make_sparsifier(n, comm) as sparsifier:
+    with compressor.make_pipeline(n, comm) as sparsifier:
         grad = gradient(n, 0, RANK)
         sparsifier.step(grad)
         sparsifier.step(grad)
@@ -210,7 +210,7 @@ def test_residual_carries_unsent_entries_to_later_steps(comm):
     # A constant gradient with k = 1: error feedback sends every coordinate in turn.
     n, steps = 4, 8
     compressor = horovod_sparse.create("topk", density=0.25)
-    with compressor.make_sparsifier(n, comm) as sparsifier:
+    with compressor.make_pipeline(n, comm) as sparsifier:
         grad = np.array([4.0, 3.0, 2.0, 1.0], np.float32)
         kept_total = np.zeros(n, np.float64)
         for _ in range(steps):
@@ -227,7 +227,7 @@ def test_single_rank_communicator_is_the_identity_on_what_was_sent():
 
     def checks():
         for spec in SPECS:
-            with horovod_sparse.create(spec).make_sparsifier(n, MPI.COMM_SELF) as sparsifier:
+            with horovod_sparse.create(spec).make_pipeline(n, MPI.COMM_SELF) as sparsifier:
                 for step in range(3):
                     out = sparsifier.step(gradient(n, step, RANK))
                     info = sparsifier.last
@@ -241,7 +241,7 @@ def test_single_rank_communicator_is_the_identity_on_what_was_sent():
 
 def test_union_is_what_allgather_selects(comm):
     n = 800
-    with horovod_sparse.create("gaussiank", density=0.05).make_sparsifier(n, comm) as sparsifier:
+    with horovod_sparse.create("gaussiank", density=0.05).make_pipeline(n, comm) as sparsifier:
         sparsifier.step(gradient(n, 0, RANK, "heavy"))
         union = union_of(sparsifier.last.local_indices)
         assert all_ranks(np.array_equal(sparsifier.last.selected, union))

@@ -126,7 +126,7 @@ def test_steps_equal_the_oracle_and_resume_from_state_dict(config, comm, assert_
     kind = "heavy" if name in ("gaussiank", "dgc") else "normal"
     grads = [gradient(N, step, RANK, kind) for step in range(STEPS)]
 
-    sparsifier = compressor.make_sparsifier(N, comm)
+    sparsifier = compressor.make_pipeline(N, comm)
     outputs, snapshot = [], None
     for step in range(STEPS):
         if step == SNAPSHOT_AFTER:
@@ -193,7 +193,7 @@ def test_steps_equal_the_oracle_and_resume_from_state_dict(config, comm, assert_
     sparsifier.close()
 
     # A fresh sparsifier loaded from the snapshot replays the remaining steps bitwise.
-    resumed = compressor.make_sparsifier(N, comm)
+    resumed = compressor.make_pipeline(N, comm)
     resumed.load_state_dict(snapshot)
     replayed = [resumed.step(grads[step], tag=0xABC) for step in range(SNAPSHOT_AFTER, STEPS)]
     resumed_state = resumed.state_dict()
@@ -214,7 +214,7 @@ def test_steps_equal_the_oracle_and_resume_from_state_dict(config, comm, assert_
 def test_cumulative_traffic_is_the_sum_of_the_steps(name, comm):
     compressor = horovod_sparse.create(name, **({"value": 1.0} if name == "threshold" else
                                                 {"density": 0.05}))
-    with compressor.make_sparsifier(500, comm) as sparsifier:
+    with compressor.make_pipeline(500, comm) as sparsifier:
         assert sparsifier.last is None
         total = None
         for step in range(3):

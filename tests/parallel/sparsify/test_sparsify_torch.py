@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import horovod_sparse
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import host
 from sparsify_oracles import RANK, bitwise_equal, gradient, on_every_rank
 
 SPECS = ["topk:density=0.02", "topk:density=0.02,exchange=oktopk", "topk:density=0.02,exchange=gtopk",
@@ -31,7 +31,7 @@ def as_numpy(x):
 def test_torch_steps_equal_numpy_steps_bitwise(spec, comm, assert_identical_across_ranks):
     compressor = horovod_sparse.create(spec)
     kind = "heavy" if spec.startswith(("gaussiank", "dgc")) else "normal"
-    with compressor.make_sparsifier(N, comm) as on_numpy, compressor.make_sparsifier(N, comm) as on_torch:
+    with compressor.make_pipeline(N, comm) as on_numpy, compressor.make_pipeline(N, comm) as on_torch:
         for step in range(STEPS):
             grad = gradient(N, step, RANK, kind)
             expected = on_numpy.step(grad, tag=5)
@@ -68,7 +68,7 @@ def test_torch_steps_equal_numpy_steps_bitwise(spec, comm, assert_identical_acro
 def test_step_sparse_is_step_without_densifying(spec, comm, assert_identical_across_ranks):
     """step_sparse returns the sorted support and its sums; step is exactly that, densified."""
     compressor = horovod_sparse.create(spec)
-    with compressor.make_sparsifier(N, comm) as sparse, compressor.make_sparsifier(N, comm) as dense:
+    with compressor.make_pipeline(N, comm) as sparse, compressor.make_pipeline(N, comm) as dense:
         for step in range(4):
             grad = torch.from_numpy(gradient(N, step, RANK))
             indices, values = sparse.step_sparse(grad, tag=1)
@@ -88,14 +88,14 @@ def test_step_sparse_is_step_without_densifying(spec, comm, assert_identical_acr
 
 
 def test_only_the_pairs_cross_to_the_host(comm):
-    """What the step moves through tensors.to_host/from_host: the selected pairs out, the
+    """What the step moves through host.to_host/from_host: the selected pairs out, the
     summed pairs in (Gaussiank adds its small sample), never the n-element buffer."""
     n = 200_000
     for spec in ["topk:density=0.01", "oktopk:density=0.01", "gtopk:density=0.01",
                  "gaussiank:density=0.01", "dgc:density=0.01", "threshold:value=12"]:
-        with horovod_sparse.create(spec).make_sparsifier(n, comm) as sparsifier:
+        with horovod_sparse.create(spec).make_pipeline(n, comm) as sparsifier:
             for step in range(3):
-                tensors.HOST_TRAFFIC.reset()
+                host.HOST_TRAFFIC.reset()
                 indices, _ = sparsifier.step_sparse(torch.from_numpy(gradient(n, step, RANK)))
                 info = sparsifier.last
             pairs_out = info.local_indices.numel() * (8 + 4)
@@ -105,9 +105,9 @@ def test_only_the_pairs_cross_to_the_host(comm):
             expected_out = pairs_out + sample
 
             def checks():
-                assert tensors.HOST_TRAFFIC.bytes_out == expected_out, (spec, tensors.HOST_TRAFFIC.bytes_out)
-                assert tensors.HOST_TRAFFIC.bytes_in == pairs_in, (spec, tensors.HOST_TRAFFIC.bytes_in)
+                assert host.HOST_TRAFFIC.bytes_out == expected_out, (spec, host.HOST_TRAFFIC.bytes_out)
+                assert host.HOST_TRAFFIC.bytes_in == pairs_in, (spec, host.HOST_TRAFFIC.bytes_in)
                 if not spec.startswith("threshold"):  # a fixed threshold's count is anything
-                    assert tensors.HOST_TRAFFIC.bytes < 4 * n / 4, spec  # a quarter of the buffer, at 1%
+                    assert host.HOST_TRAFFIC.bytes < 4 * n / 4, spec  # a quarter of the buffer, at 1%
 
             on_every_rank(checks)

@@ -36,7 +36,7 @@ def test_frontend_hands_horovod_what_the_numpy_pipeline_computes(spec, comm, ave
         return [hvd.allreduce(g, op=hvd.Average, compression=compressor) for g in grads]
 
     layouts = {i: GradientLayout([(i, s, "float32")]) for i, s in enumerate(SHAPES) if int(np.prod(s)) >= 64}
-    references = {i: horovod_sparse.create(spec).make_sparsifier(layout.n, comm, layout=layout)
+    references = {i: horovod_sparse.create(spec).make_pipeline(layout.n, comm, layout=layout)
                   for i, layout in layouts.items()}
     try:
         rng = np.random.default_rng(600 + hvd.rank())
@@ -80,5 +80,5 @@ def test_keras_fit(spec, assert_identical_across_ranks):
     model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
               callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)])
     assert_identical_across_ranks(flat_weights(model))
-    assert len(compression.sparsifiers) == 2
-    assert all(s.last is not None for _, s in compression.sparsifiers.values())
+    assert len(compression.pipelines) == 2
+    assert all(s.last is not None for _, s in compression.pipelines.values())

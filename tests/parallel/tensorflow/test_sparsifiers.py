@@ -86,7 +86,7 @@ def test_gradient_tape_replicas_bitwise_identical_after_100_steps(spec, assert_i
     assert_identical_across_ranks(params)
     assert not np.allclose(params, start)
     assert np.mean(losses[-20:]) < np.mean(losses[:20])
-    assert sorted(layout.n for layout, _ in compression.sparsifiers.values()) == [64 * 4, 32 * 64]
+    assert sorted(layout.n for layout, _ in compression.pipelines.values()) == [64 * 4, 32 * 64]
 
 
 def test_keras_fit_with_oktopk(assert_identical_across_ranks):
@@ -98,8 +98,8 @@ def test_keras_fit_with_oktopk(assert_identical_across_ranks):
     model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
               callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)])
     assert_identical_across_ranks(flat_weights(model))
-    assert len(compression.sparsifiers) == 2
-    assert all(s.last is not None for _, s in compression.sparsifiers.values())
+    assert len(compression.pipelines) == 2
+    assert all(s.last is not None for _, s in compression.pipelines.values())
 
 
 def test_adasum_is_refused():
@@ -128,7 +128,7 @@ def test_grouped_tape_fuses_the_group_into_one_exchange(assert_identical_across_
         return tape.gradient(loss, variables)
 
     results = grads()
-    (keys, (layout, _)), = compressor.sparsifiers.items()
+    (keys, (layout, _)), = compressor.pipelines.items()
     assert layout.n == 64 * 40 + 300, "the two large gradients share one buffer"
     fused = np.concatenate([targets[0].ravel(), targets[2].ravel()])
     kept = np.zeros_like(fused)
@@ -156,7 +156,7 @@ def test_reduced_result_matches_what_ranks_kept(spec, average_across_ranks, asse
     for step in range(4):
         grad = rng.standard_normal((64, 40)).astype(np.float32)
         result = exchange(tf.constant(grad)).numpy().ravel()
-        (_, (layout, sparsifier)), = compressor.sparsifiers.items()
+        (_, (layout, sparsifier)), = compressor.pipelines.items()
         info = sparsifier.last
         assert_identical_across_ranks(result)
         if spec.startswith("dgc"):

@@ -2,8 +2,8 @@
 moves O(exchanged payload) bytes between torch and the host, never the float32 gradient itself
 (sparsifiers: far below it).
 
-Everything an out-of-band pipeline hands to mpi4py goes through ``tensors.to_host`` and
-comes back through ``tensors.from_host``, which count the bytes (``HOST_TRAFFIC``). After
+Everything an out-of-band pipeline hands to mpi4py goes through ``host.to_host`` and
+comes back through ``host.from_host``, which count the bytes (``HOST_TRAFFIC``). After
 warm-up steps, one step's count is compared with what the exchange engine itself counted
 as payload (indices and values, or codes, on the wire) and with the fused gradient.
 """
@@ -15,7 +15,7 @@ from mpi4py import MPI
 from torch import nn
 
 import horovod_sparse.torch as hvds
-from horovod_sparse.ops import tensors
+from horovod_sparse.ops import host
 
 SPARSIFIERS = ["topk:density=0.01", "topk:density=0.01,exchange=oktopk", "oktopk:density=0.01",
                "gtopk:density=0.01", "gaussiank:density=0.01", "dgc:density=0.01",
@@ -50,15 +50,15 @@ def test_one_step_moves_only_the_payload_to_the_host(spec, comm):
     model, opt, compression = make(spec)
     for step in range(WARMUP):
         train_step(model, opt, step)
-    tensors.HOST_TRAFFIC.reset()
+    host.HOST_TRAFFIC.reset()
     train_step(model, opt, WARMUP)
-    (layout, pipeline), = compression.sparsifiers.values()
-    crossed, largest = tensors.HOST_TRAFFIC.bytes, tensors.HOST_TRAFFIC.largest
+    (layout, pipeline), = compression.pipelines.values()
+    crossed, largest = host.HOST_TRAFFIC.bytes, host.HOST_TRAFFIC.largest
     payload = pipeline.last.traffic.payload_bytes
     if not comm.allreduce(crossed > 0, op=MPI.LOR):
-        assert spec in OTHERS, f"{spec}: nothing crossed through tensors.to_host/from_host"
+        assert spec in OTHERS, f"{spec}: nothing crossed through host.to_host/from_host"
         pytest.skip(f"{spec}: its pipeline does not take torch tensors yet (it converts the whole "
-                    "fused buffer to numpy itself, so nothing goes through tensors.to_host)")
+                    "fused buffer to numpy itself, so nothing goes through host.to_host)")
     gradient_bytes = 4 * layout.n
     # What crosses is what the engine puts on the wire, in the device's layout (a sparsifier's
     # pairs: int64 index + float32 value, 12 bytes, vs 8 on the wire; the summed pairs back).

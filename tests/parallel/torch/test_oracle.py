@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import horovod_sparse.torch as hvds
-from horovod_sparse.numpy_frontend import NumpyCompressor
+from horovod_sparse.reference import ReferenceCompressor
 
 SPECS = ["none", "fp16", "randomk:density=0.1", "randomk:density=0.3,error_feedback=false",
          "randomk:density=1.0"]
@@ -27,7 +27,7 @@ def exchange_step(compressor, grads):
 @pytest.mark.parametrize("spec", SPECS)
 def test_result_is_average_of_what_each_rank_kept(spec, average_across_ranks, assert_identical_across_ranks):
     compressor = hvds.Compression.from_spec(spec)
-    reference = NumpyCompressor.from_spec(spec)
+    reference = ReferenceCompressor.from_spec(spec)
     rng = np.random.default_rng(1000 + hvd.rank())
     for step in range(4):
         grads = [rng.standard_normal(shape).astype(np.float32) for shape in SHAPES]

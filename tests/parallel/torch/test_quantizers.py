@@ -45,7 +45,7 @@ def test_frontend_hands_horovod_what_the_numpy_pipeline_computes(spec, comm, ave
     compressor = hvds.Compression.from_spec(spec, dense_below=64)
     big = [(position, s) for position, s in enumerate(SHAPES) if int(np.prod(s)) >= 64]
     layout = GradientLayout([(position, s, "float32") for position, s in big])
-    with horovod_sparse.create(spec).make_sparsifier(layout.n, comm, layout=layout) as reference:
+    with horovod_sparse.create(spec).make_pipeline(layout.n, comm, layout=layout) as reference:
         rng = np.random.default_rng(500 + hvd.rank())
         for _ in range(3):
             grads = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
@@ -123,9 +123,9 @@ def test_powersgd_bytes_are_the_low_rank_factors():
                                   "qsgd:method=allgather"])
 def test_quantizers_run_on_torch_and_only_codes_leave_it(spec, assert_identical_across_ranks):
     """Behind the frontend the pipeline gets the fused buffer as a torch tensor and computes on
-    it: what crosses to the host (tensors.HOST_TRAFFIC) is exactly the codes of the step's
+    it: what crosses to the host (host.HOST_TRAFFIC) is exactly the codes of the step's
     compressed allreduce, and the results agree bitwise across ranks."""
-    from horovod_sparse.ops.tensors import HOST_TRAFFIC
+    from horovod_sparse.ops.host import HOST_TRAFFIC
     compressor = hvds.Compression.from_spec(spec, dense_below=64)
     rng = np.random.default_rng(700 + hvd.rank())
     for _ in range(2):
@@ -133,7 +133,7 @@ def test_quantizers_run_on_torch_and_only_codes_leave_it(spec, assert_identical_
         HOST_TRAFFIC.reset()
         results = exchange(compressor, grads)
         crossed = HOST_TRAFFIC.bytes
-        (_, pipeline), = compressor.sparsifiers.values()
+        (_, pipeline), = compressor.pipelines.values()
         ex = pipeline.exchange
         if ex.method == "allgather":
             codes = ex.codec.nbytes(ex.n) * (1 + hvd.size())

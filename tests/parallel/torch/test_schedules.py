@@ -20,7 +20,7 @@ from torch import nn
 import horovod_sparse
 import horovod_sparse.torch as hvds
 from horovod_sparse.layout import GradientLayout
-from horovod_sparse.regroup import cut, per_element_fields
+from horovod_sparse.layout_pipeline import cut, per_element_fields
 from horovod_sparse.schedule import PLANNED
 
 WIDTH = 40
@@ -92,7 +92,7 @@ class BucketOracle:
 
     def _make(self, names):
         layout = GradientLayout([(name, self.shapes[name], "float32") for name in names])
-        return layout, horovod_sparse.create(self.spec).make_sparsifier(layout.n, self.comm, layout=layout)
+        return layout, horovod_sparse.create(self.spec).make_pipeline(layout.n, self.comm, layout=layout)
 
     def plan(self, buckets):
         slices, wholes = {}, {}

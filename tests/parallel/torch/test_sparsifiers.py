@@ -67,7 +67,7 @@ def test_reduced_result_matches_what_ranks_kept(spec, comm, average_across_ranks
     for step in range(4):
         grads = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
         results = exchange(compressor, [torch.from_numpy(g) for g in grads])
-        (layout, sparsifier), = compressor.sparsifiers.values()
+        (layout, sparsifier), = compressor.pipelines.values()
         info = sparsifier.last
         local, selected = numpy_of(info.local_indices), numpy_of(info.selected)
         new_residual = numpy_of(sparsifier.residual).copy()
@@ -101,7 +101,7 @@ def test_frontend_writes_what_the_numpy_sparsifier_computes(spec, comm, assert_i
     big = [(position, s) for position, s in enumerate(SHAPES) if int(np.prod(s)) >= 64]
     layout = GradientLayout([(position, s, "float32") for position, s in big])
     scale = 1.0 / hvd.size()
-    with horovod_sparse.create(spec).make_sparsifier(layout.n, comm, layout=layout) as reference:
+    with horovod_sparse.create(spec).make_pipeline(layout.n, comm, layout=layout) as reference:
         rng = np.random.default_rng(700 + hvd.rank())
         for _ in range(4):
             grads = [torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in SHAPES]
@@ -127,7 +127,7 @@ def test_results_come_back_in_each_gradients_dtype_and_layout(dtype, comm):
     torch.manual_seed(50 + hvd.rank())
     grads = [torch.randn(30, 20).to(dtype), torch.randn(20, 30).to(dtype).t(), torch.randn(50).to(dtype)]
     layout = GradientLayout([(position, tuple(g.shape), "float32") for position, g in enumerate(grads)])
-    with horovod_sparse.create("topk", density=0.1).make_sparsifier(layout.n, comm) as reference:
+    with horovod_sparse.create("topk", density=0.1).make_pipeline(layout.n, comm) as reference:
         for _ in range(3):
             grads = [g * 1.5 for g in grads]  # new gradients each step, same dtypes and layouts
             grads[1] = grads[1].t().contiguous().t()
@@ -211,7 +211,7 @@ def test_replicas_bitwise_identical_after_100_steps(spec, assert_identical_acros
     assert_identical_across_ranks(params)
     assert not np.allclose(params, start)
     assert np.mean(losses[-20:]) < np.mean(losses[:20])
-    (layout, _), = compression.sparsifiers.values()
+    (layout, _), = compression.pipelines.values()
     assert layout.n == 32 * 64 + 64 * 4  # the two weight matrices; the biases went dense
 
 
@@ -290,6 +290,6 @@ def test_backward_passes_per_step_compresses_the_accumulated_gradient(assert_ide
             x, y = batch(2 * step + micro, hvd.rank())
             F.cross_entropy(model(x), y).backward()
         opt.step()
-    (_, sparsifier), = compression.sparsifiers.values()
+    (_, sparsifier), = compression.pipelines.values()
     assert sparsifier.step_count == 10
     assert_identical_across_ranks(flat_parameters(model))

@@ -22,8 +22,8 @@ from torch import nn
 import horovod_sparse
 import horovod_sparse.torch as hvds
 from horovod_sparse.layout import GradientLayout
-from horovod_sparse.numpy_frontend import NumpyCompressor
-from horovod_sparse.regroup import cut
+from horovod_sparse.reference import ReferenceCompressor
+from horovod_sparse.layout_pipeline import cut
 
 WIDTH = 40  # 40 x 40 = 1600 elements per weight
 SPECS = ["fp16", "randomk:density=0.1", "topk:density=0.05", "qsgd", "powersgd:rank=2"]
@@ -31,7 +31,7 @@ OUT_OF_BAND = ["topk:density=0.05", "qsgd", "powersgd:rank=2"]
 
 
 def compression_of(spec):
-    fused = getattr(horovod_sparse.create(spec), "fused", False)
+    fused = getattr(horovod_sparse.create(spec), "out_of_band", False)
     return hvds.Compression.from_spec(spec, dense_below=0) if fused else hvds.Compression.from_spec(spec)
 
 
@@ -112,15 +112,15 @@ class Oracle:
 
     def __init__(self, spec, comm, shapes):
         self.spec, self.comm = spec, comm
-        self.fused = getattr(horovod_sparse.create(spec), "fused", False)
-        if self.fused:
+        self.out_of_band = getattr(horovod_sparse.create(spec), "out_of_band", False)
+        if self.out_of_band:
             self.layout = GradientLayout([(name, shapes[name], "float32") for name in sorted(shapes)])
-            self.reference = horovod_sparse.create(spec).make_sparsifier(self.layout.n, comm, layout=self.layout)
+            self.reference = horovod_sparse.create(spec).make_pipeline(self.layout.n, comm, layout=self.layout)
         else:
-            self.reference = NumpyCompressor.from_spec(spec)
+            self.reference = ReferenceCompressor.from_spec(spec)
 
     def expected(self, grads):
-        if self.fused:
+        if self.out_of_band:
             summed = self.reference.step(self.layout.fuse([grads[e.key] for e in self.layout.entries]),
                                          tag=self.layout.tag)
             parts = self.layout.split(np.asarray(summed) / np.float32(self.comm.Get_size()))
@@ -135,7 +135,7 @@ class Oracle:
 
     def check_state(self, compression):
         """Each gradient's state is its own: the compressor's, by name, equals the reference's."""
-        if self.fused:
+        if self.out_of_band:
             slices, _ = cut(self.layout, self.reference.state_dict())
             ours = compression.state_dict()
             for name, fields in slices.items():
@@ -148,7 +148,7 @@ class Oracle:
                 np.testing.assert_array_equal(ours[name]["residual"], entry["residual"], err_msg=name)
 
     def close(self):
-        if self.fused:
+        if self.out_of_band:
             self.reference.close()
 
 

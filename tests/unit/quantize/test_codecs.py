@@ -264,7 +264,7 @@ def test_compressor_specs_and_defaults():
     assert create("efsignsgd").error_feedback and create("onebit").error_feedback
     assert not create("bf16").error_feedback and not create("terngrad").error_feedback
     for name in ("bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit"):
-        assert create(name).fused
+        assert create(name).out_of_band
 
 
 # ------------------------------------------- the documented definitions, bitwise

@@ -247,8 +247,8 @@ def test_registered_with_defaults_and_spec():
     assert horovod_sparse.create(c.spec).params == c.params
     assert horovod_sparse.create("powersgd:rank=4,warm_start=false").params["rank"] == 4
     with pytest.raises(ValueError, match="layout"):
-        c.make_sparsifier(LAYOUT.n + 1, MPI.COMM_SELF, layout=LAYOUT)
-    with c.make_sparsifier(LAYOUT.n, MPI.COMM_SELF, layout=LAYOUT) as p:
+        c.make_pipeline(LAYOUT.n + 1, MPI.COMM_SELF, layout=LAYOUT)
+    with c.make_pipeline(LAYOUT.n, MPI.COMM_SELF, layout=LAYOUT) as p:
         assert isinstance(p, PowerSGDPipeline) and p.approx_rank == 1
 
 

@@ -16,7 +16,7 @@ def test_step_returns_what_was_kept_and_state_is_numpy_and_ints(spec):
     n = 1000
     compressor = horovod_sparse.create(spec)
     rng = np.random.default_rng(0)
-    with compressor.make_sparsifier(n, MPI.COMM_SELF) as sparsifier:
+    with compressor.make_pipeline(n, MPI.COMM_SELF) as sparsifier:
         assert isinstance(sparsifier, Sparsifier) and sparsifier.last is None
         assert sparsifier.residual.dtype == np.float32 and sparsifier.residual.shape == (n,)
         for step in range(4):
@@ -37,14 +37,14 @@ def test_step_returns_what_was_kept_and_state_is_numpy_and_ints(spec):
 
 def test_load_state_dict_refuses_another_buffer_length():
     compressor = horovod_sparse.create("topk")
-    with compressor.make_sparsifier(10, MPI.COMM_SELF) as small, \
-            compressor.make_sparsifier(11, MPI.COMM_SELF) as large:
+    with compressor.make_pipeline(10, MPI.COMM_SELF) as small, \
+            compressor.make_pipeline(11, MPI.COMM_SELF) as large:
         with pytest.raises(ValueError, match="n=10"):
             large.load_state_dict(small.state_dict())
 
 
 def test_float64_gradients_are_cast_and_wrong_shapes_refused():
-    with horovod_sparse.create("topk", density=0.5).make_sparsifier(4, MPI.COMM_SELF) as sparsifier:
+    with horovod_sparse.create("topk", density=0.5).make_pipeline(4, MPI.COMM_SELF) as sparsifier:
         out = sparsifier.step(np.array([1.0, -4.0, 2.0, 0.5]))
         assert out.dtype == np.float32 and out.tolist() == [0.0, -4.0, 2.0, 0.0]
         with pytest.raises(ValueError, match="length n=4"):
@@ -64,7 +64,7 @@ def test_input_gradient_is_never_modified():
     grad = np.arange(100, dtype=np.float32)
     grad.setflags(write=False)  # e.g. what tf.numpy_function hands over
     for spec in SPECS:
-        with horovod_sparse.create(spec).make_sparsifier(100, MPI.COMM_SELF) as sparsifier:
+        with horovod_sparse.create(spec).make_pipeline(100, MPI.COMM_SELF) as sparsifier:
             sparsifier.step(grad)
             sparsifier.step(grad)
     assert np.array_equal(grad, np.arange(100, dtype=np.float32))
@@ -78,9 +78,9 @@ def test_pieces_step_like_their_fused_buffer(spec):
     sizes = [400, 7, 593]
     compressor = horovod_sparse.create(spec)
     rng = np.random.default_rng(3)
-    with compressor.make_sparsifier(1000, MPI.COMM_SELF) as fused, \
-            compressor.make_sparsifier(1000, MPI.COMM_SELF) as by_numpy, \
-            compressor.make_sparsifier(1000, MPI.COMM_SELF) as by_torch:
+    with compressor.make_pipeline(1000, MPI.COMM_SELF) as fused, \
+            compressor.make_pipeline(1000, MPI.COMM_SELF) as by_numpy, \
+            compressor.make_pipeline(1000, MPI.COMM_SELF) as by_torch:
         for _ in range(3):
             pieces = [rng.standard_normal(size).astype(np.float32) for size in sizes]
             expected = fused.step(np.concatenate(pieces))

@@ -4,8 +4,8 @@ import math
 import pytest
 
 import horovod_sparse
-from horovod_sparse.compressors import (DGCCompressor, GaussianKCompressor, GTopKCompressor,
-                                        OkTopKCompressor, ThresholdCompressor, TopKCompressor)
+from horovod_sparse.compressors.sparsifiers import (DGCCompressor, GaussianKCompressor, GTopKCompressor,
+                                                    OkTopKCompressor, ThresholdCompressor, TopKCompressor)
 
 BAD_FRACTIONS = [0, -0.1, 1.5, math.nan, math.inf, "0.1", True, None]
 WITH_DENSITY = ["topk", "oktopk", "gaussiank", "dgc", "gtopk"]
@@ -19,11 +19,11 @@ def test_all_six_are_registered_fused_and_stateful():
     for name, cls in classes.items():
         compressor = horovod_sparse.create(name)
         assert type(compressor) is cls and compressor.name == name
-        assert compressor.fused is True and compressor.stateful is True
-        assert callable(compressor.make_sparsifier)
-        with pytest.raises(NotImplementedError, match="fused compressor"):
+        assert compressor.out_of_band is True and compressor.stateful is True
+        assert callable(compressor.make_pipeline)
+        with pytest.raises(NotImplementedError, match="out-of-band compressor"):
             compressor.compress(None, None, None)
-        with pytest.raises(NotImplementedError, match="fused compressor"):
+        with pytest.raises(NotImplementedError, match="out-of-band compressor"):
             compressor.decompress(None, None, None)
 
 

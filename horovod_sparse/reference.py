@@ -7,7 +7,7 @@ from horovod_sparse.adapter import CompressorAdapter
 from horovod_sparse.ops.numpy_ops import NumpyOps
 
 
-class NumpyCompressor(CompressorAdapter):
+class ReferenceCompressor(CompressorAdapter):
     """Reference compressor: ``compress(array, key)`` with an explicit gradient key."""
 
     ops = NumpyOps()

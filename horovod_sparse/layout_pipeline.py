@@ -12,7 +12,7 @@ a frozen layer resumes with the residual it had.
 
 Example::
 
-    pipelines = LayoutPipeline(lambda layout: algorithm.make_sparsifier(layout.n, comm, layout=layout))
+    pipelines = LayoutPipeline(lambda layout: algorithm.make_pipeline(layout.n, comm, layout=layout))
     summed = pipelines.for_layout(layout).step(flat, tag=layout.tag)
 """
 import numpy as np
@@ -53,20 +53,30 @@ class LayoutPipeline:
         self.kept = {}
         self._saved = None  # whole-buffer state loaded before the pipeline existed
 
+    def is_current(self, layout):
+        """True if :meth:`for_layout` would return the current pipeline (no new one, no state moved)."""
+        return self.pipeline is not None and (self.layout is layout or self.layout == layout)
+
     def for_layout(self, layout):
         """The pipeline exchanging ``layout``: the current one, or a new one that takes over
-        the state of the gradients it shares with the previous layout."""
-        if self.pipeline is not None and (self.layout is layout or self.layout == layout):
+        the state of the gradients it shares with the previous layout. If the new one cannot
+        take that state (ValueError), no state is lost: it stays kept for the next try."""
+        if self.is_current(layout):
             return self.pipeline
         saved, self._saved = self._saved, None
         if self.pipeline is not None:
             slices, saved = cut(self.layout, self.pipeline.state_dict())
             self.kept.update(slices)
             self.close()
+        self.layout, self.pipeline = None, None  # until the new one holds its state (loading may raise)
         pipeline = self.make(layout)
-        self.layout, self.pipeline = None, None  # until it holds its state (loading may raise)
-        self._install(layout, pipeline, pipeline.state_dict(), saved,
-                      describe=None if saved is None else saved.get("layout"))
+        try:
+            self._install(layout, pipeline, pipeline.state_dict(), saved,
+                          describe=None if saved is None else saved.get("layout"))
+        except Exception:
+            self._saved = saved
+            pipeline.close()
+            raise
         self.layout, self.pipeline = layout, pipeline
         return pipeline
 

@@ -21,10 +21,7 @@ def check_caller(name, adasum_op, adasum_code=None, depth=4, process_sets=False)
     time, named after the wrapped optimizer, and keeps no ``op``). Looks at up to ``depth``
     frames above the compressor's ``compress``.
     """
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return
+    for frame in _frames(sys._getframe(2), depth):
         local = frame.f_locals
         owner = local.get("self")
         op = local.get("op", getattr(owner, "op", None))
@@ -34,7 +31,6 @@ def check_caller(name, adasum_op, adasum_code=None, depth=4, process_sets=False)
         if not process_sets and getattr(process_set, "process_set_id", None) not in (0, None):
             raise ValueError(f"{name} supports only the global process set, got process set "
                              f"{process_set.process_set_id}")
-        frame = frame.f_back
 
 
 def caller_gradient(tensor, depth=3):
@@ -46,10 +42,7 @@ def caller_gradient(tensor, depth=3):
 
     Example: inside ``opt.step()``, ``caller_gradient(p.grad)`` is ``("fc.weight", p)``.
     """
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            break
+    for frame in _frames(sys._getframe(2), depth):
         local = frame.f_locals
         parameter = local.get("p")
         if parameter is not None and (parameter is tensor or local.get("tensor") is tensor
@@ -61,7 +54,6 @@ def caller_gradient(tensor, depth=3):
                     return names.get(parameter), parameter
         if local.get("tensor") is tensor and isinstance(local.get("name"), str):
             return local["name"], None
-        frame = frame.f_back
     return None, None
 
 
@@ -69,46 +61,24 @@ def caller_process_set(depth=24):
     """The Horovod process set of the code calling a compressor (None if it uses the global
     one or none is visible): Horovod keeps it in ``process_set`` or ``self.process_set``.
     ``depth`` leaves room for the frames autograph puts between Horovod and a compressor."""
-    frame = sys._getframe(1)
-    for _ in range(depth):
-        if frame is None:
-            return None
+    for frame in _frames(sys._getframe(1), depth):
         local = frame.f_locals
         process_set = local.get("process_set", getattr(local.get("self"), "process_set", None))
         if getattr(process_set, "process_set_id", None) is not None:
             return process_set if process_set.process_set_id != 0 else None
-        frame = frame.f_back
     return None
 
 
-_COMMS = {}
+def _frames(frame, depth):
+    """Up to ``depth`` frames, outwards from ``frame`` (None ends the walk early).
 
+    The caller passes ``sys._getframe(n)`` itself rather than ``n``: under autograph a
+    generator runs inside autograph's loop, so a frame counted from here would be another.
 
-def communicator_of(process_set):
-    """A private mpi4py communicator of the ranks of ``process_set`` (None: all ranks), in the
-    set's rank order; made once per set (collective over the set's ranks only)."""
-    from mpi4py import MPI
-    ranks = None if process_set is None else tuple(int(r) for r in process_set.ranks)
-    if ranks not in _COMMS:
-        world = MPI.COMM_WORLD
-        _COMMS[ranks] = world.Dup() if ranks is None else world.Create_group(world.Get_group().Incl(list(ranks)))
-    return _COMMS[ranks]
-
-
-def check_same_on_every_rank(algorithm, comm):
-    """Raise ValueError on every rank of ``comm`` unless all pass the same compressor
-    (name, parameters and seed: ``algorithm.spec``). Compressors that ride Horovod's own
-    allreduce (random-k's shared indices) would otherwise train on with drifting replicas.
-    One Allgather of lengths and one Allgatherv of the spec strings, once per compressor."""
-    import numpy as np
-    mine = np.frombuffer(algorithm.spec.encode(), dtype=np.uint8)
-    lengths = np.empty(comm.Get_size(), dtype=np.int64)
-    comm.Allgather(np.array([mine.size], dtype=np.int64), lengths)
-    specs = np.empty(int(lengths.sum()), dtype=np.uint8)
-    comm.Allgatherv(mine, (specs, lengths))
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    every = [specs[offsets[r]:offsets[r + 1]].tobytes().decode() for r in range(comm.Get_size())]
-    if any(spec != every[0] for spec in every):
-        listing = "; ".join(f"rank {r}: {spec}" for r, spec in enumerate(every))
-        raise ValueError(f"the ranks passed different compressors or parameters ({listing}): "
-                         "pass the same compression, with the same seed, on every rank")
+    Example: in ``compress``, ``for frame in _frames(sys._getframe(1), 4)`` visits its caller and three more.
+    """
+    for _ in range(depth):
+        if frame is None:
+            return
+        yield frame
+        frame = frame.f_back

@@ -2,17 +2,18 @@
 (sparsifiers, bit-packed quantizers, PowerSGD, FFT), whose exchange Horovod's dense
 allreduce cannot carry.
 
-Their gradients go through a pipeline made by ``algorithm.make_sparsifier(n, comm)``
+Their gradients go through a pipeline made by ``algorithm.make_pipeline(n, comm)``
 (e.g. a :class:`~horovod_sparse.sparsify.Sparsifier`: error feedback, selection, the
 sparse allreduce over mpi4py, residual update), on the gradient's own framework and
 device, and Horovod's allreduce carries only a one-element probe of 1.0 per gradient:
 the reduced probe is 1 under Average and P under Sum (pre/postscale factors included),
-and scales the pipeline's sum accordingly (see :mod:`horovod_sparse.horovod_checks`).
+and scales the pipeline's sum accordingly (see :mod:`horovod_sparse.horovod_frames`).
 
 Gradients smaller than ``dense_below`` elements (biases, norms), and non-float ones,
 skip the pipeline and go through Horovod's allreduce as they are, as CGX does: a
 sparse exchange of a few hundred values costs more in latency than it saves.
 """
+from horovod_sparse.agreement import raise_on_every_rank
 from horovod_sparse.compressors.cast import NoneCompressor
 from horovod_sparse.compressors.base import check_nonnegative_int
 from horovod_sparse.layout import GradientLayout
@@ -26,11 +27,11 @@ def ring_bytes(payload_bytes, world_size):
     return 0 if world_size <= 1 else 2 * (world_size - 1) * payload_bytes / world_size
 
 
-class SparseCompressorBase:
+class OutOfBandCompressorBase:
     """State shared by the frontends' sparse compressors.
 
     Attributes:
-        algorithm: the registered compressor (``algorithm.make_sparsifier(n, comm)``).
+        algorithm: the registered compressor (``algorithm.make_pipeline(n, comm)``).
         dense_below: gradients with fewer elements go dense through Horovod.
         sparsifiers: ``{key: (GradientLayout, pipeline)}``, one per exchanged buffer
             (PyTorch: one for the whole fused step, remade when its layout changes;
@@ -42,7 +43,7 @@ class SparseCompressorBase:
     def __init__(self, algorithm, dense_below=DEFAULT_DENSE_BELOW):
         self.algorithm = algorithm
         self.dense_below = check_nonnegative_int("dense_below", dense_below)
-        self.sparsifiers = {}
+        self.pipelines = {}
         self._dense = NoneCompressor()
         self._pending_state = {}
         self._comm = None
@@ -71,21 +72,30 @@ class SparseCompressorBase:
     def decompress_dense(self, payload, ctx):
         return self._dense.decompress(self.ops, payload, ctx)
 
-    def sparsifier_for(self, key, layout):
+    def pipeline_for(self, key, layout):
         """The sparsifier exchanging ``layout`` under ``key``, created on first use."""
-        if key in self.sparsifiers:
-            known, sparsifier = self.sparsifiers[key]
+        if key in self.pipelines:
+            known, sparsifier = self.pipelines[key]
             if known != layout:
                 raise ValueError(
                     f"the gradients of {self.algorithm.name} changed: were [{known.describe()}], now "
                     f"[{layout.describe()}]. Their residuals cannot carry over; use a new compressor "
                     "(one per optimizer) if the model's trainable parameters change")
             return sparsifier
-        sparsifier = self.algorithm.make_sparsifier(layout.n, self.comm, layout=layout)
-        if key in self._pending_state:
-            sparsifier.load_state_dict(self._pending_state.pop(key))
-        self.sparsifiers[key] = (layout, sparsifier)
-        return sparsifier
+        pipeline, problem = self.algorithm.make_pipeline(layout.n, self.comm, layout=layout), None
+        if key in self._pending_state:  # a checkpoint's state: a rank that cannot load it fails on every rank
+            try:
+                pipeline.load_state_dict(self._pending_state[key])
+            except ValueError as e:
+                problem = f"{self.algorithm.name}: the saved state of {key!r} cannot be loaded: {e}"
+            try:
+                raise_on_every_rank(self.comm, problem)
+            except ValueError:
+                pipeline.close()  # the state stays pending, as it was
+                raise
+            del self._pending_state[key]
+        self.pipelines[key] = (layout, pipeline)
+        return pipeline
 
     def scale(self, reduced_probe):
         """The factor turning a sparsifier's sum into Horovod's result: 1/P (Average) or 1 (Sum),
@@ -96,14 +106,14 @@ class SparseCompressorBase:
     def state_dict(self):
         """``{key: sparsifier state}`` (numpy arrays and ints); each rank saves its own."""
         return {key: dict(sparsifier.state_dict(), layout=layout.describe())
-                for key, (layout, sparsifier) in self.sparsifiers.items()}
+                for key, (layout, sparsifier) in self.pipelines.items()}
 
     def load_state_dict(self, state_dict):
         """Restore :meth:`state_dict`; buffers not yet created are restored on first use."""
         for key, entry in state_dict.items():
             entry = {k: v for k, v in entry.items() if k != "layout"}
-            if key in self.sparsifiers:
-                self.sparsifiers[key][1].load_state_dict(entry)
+            if key in self.pipelines:
+                self.pipelines[key][1].load_state_dict(entry)
             else:
                 self._pending_state[key] = entry
 
@@ -116,12 +126,12 @@ class SparseCompressorBase:
     def bytes_sent_per_step(self, world_size):
         """Bytes this rank sent in the last step: the sparse exchanges' counted bytes plus a
         ring allreduce's share of what Horovod carried (small dense gradients and probes)."""
-        sparse = sum(s.last.traffic.bytes_sent for _, s in self.sparsifiers.values()
+        sparse = sum(s.last.traffic.bytes_sent for _, s in self.pipelines.values()
                      if getattr(s, "last", None) is not None)
         return sparse + ring_bytes(sum(carried for _, carried in self._bytes.values()), world_size)
 
     def close(self):
-        for _, sparsifier in self.sparsifiers.values():
+        for _, sparsifier in self.pipelines.values():
             sparsifier.close()
 
     def __repr__(self):

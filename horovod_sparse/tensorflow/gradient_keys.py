@@ -14,6 +14,8 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.ops.control_flow_v2_func_graphs import CondBranchFuncGraph
 
+from horovod_sparse.horovod_frames import _frames
+
 
 class TracePositions:
     """Positions of ``compress`` calls within each traced function (the fallback keys)."""
@@ -69,10 +71,7 @@ def horovod_variable_name(tensor, depth=40):
     Two variables of one name in the list (raw ``tf.Variable``s are not uniquified) get
     ``name#0``, ``name#1`` in list order. ``depth`` leaves room for autograph's frames.
     """
-    frame = sys._getframe(1)
-    for _ in range(depth):
-        if frame is None:
-            return None
+    for frame in _frames(sys._getframe(1), depth):
         local = frame.f_locals
         grads, variables = local.get("grads"), local.get("vars")
         if isinstance(grads, (list, tuple)) and isinstance(variables, (list, tuple)) \
@@ -82,5 +81,4 @@ def horovod_variable_name(tensor, depth=40):
                     name = variables[i].name
                     same = [j for j, v in enumerate(variables) if v.name == name]
                     return name if len(same) == 1 else f"{name}#{same.index(i)}"
-        frame = frame.f_back
     return None

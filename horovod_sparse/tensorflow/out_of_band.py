@@ -17,7 +17,7 @@ order on every rank. A plain TF1-style graph has no automatic control dependenci
 each exchange takes an input from the previous one's ``tf.cond`` instead
 (:mod:`~horovod_sparse.tensorflow.graph_mode`), and no token variable is made.
 
-Gradients are keyed by their variable's name (:mod:`~horovod_sparse.tensorflow.positions`),
+Gradients are keyed by their variable's name (:mod:`~horovod_sparse.tensorflow.gradient_keys`),
 so each exchange's pipeline, and its residual, belongs to its variable: a step where a
 variable has no gradient or is left out of the list (frozen) skips it, and its pipeline
 waits unchanged for its return. Under ``groups=`` a pipeline belongs to the group as it is
@@ -29,20 +29,21 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compressor as HorovodCompressor
 from horovod.tensorflow.mpi_ops import Adasum
 
-from horovod_sparse.horovod_checks import check_caller, check_same_on_every_rank, communicator_of
+from horovod_sparse.agreement import check_same_on_every_rank, communicator_of
+from horovod_sparse.horovod_frames import check_caller
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.ops.tf_ops import TFOps
-from horovod_sparse.sparse_adapter import SparseCompressorBase
+from horovod_sparse.out_of_band import OutOfBandCompressorBase
 from horovod_sparse.tensorflow.construction import refuse_inside_trace
 from horovod_sparse.tensorflow.graph_mode import GraphExchangeChain, in_graph_mode
-from horovod_sparse.tensorflow.positions import GradientKeys
+from horovod_sparse.tensorflow.gradient_keys import GradientKeys
 
 
-class TFOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
-    """A real ``horovod.tensorflow.compression.Compressor`` running fused pipelines out of band.
+class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
+    """A real ``horovod.tensorflow.compression.Compressor`` running out-of-band pipelines out of band.
 
     Args:
-        algorithm: a fused compressor (``horovod_sparse.create("topk:density=0.01")``).
+        algorithm: an out-of-band compressor (``horovod_sparse.create("topk:density=0.01")``).
         dense_below: gradients with fewer elements (and non-float ones) go through Horovod's
             allreduce unchanged.
 
@@ -98,12 +99,13 @@ class TFOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
     @tf.autograph.experimental.do_not_convert
     def _agree_across_ranks(self):
         """Different parameters or seeds on different ranks would exchange garbage: refuse on every rank."""
-        check_same_on_every_rank(self.algorithm, communicator_of(None))
+        check_same_on_every_rank(self.algorithm.spec, communicator_of(None),
+                                 "compressors or parameters")
 
     def _exchange_recorded(self):
         recorded, self._recorded = self._recorded, []
         layout = GradientLayout([(key, self.ops.shape(g), self.ops.dtype_name(g)) for key, g in recorded])
-        sparsifier = self.sparsifier_for(tuple(key for key, _ in recorded), layout)
+        sparsifier = self.pipeline_for(tuple(key for key, _ in recorded), layout)
         flat = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for _, g in recorded], axis=0)
 
         def exchange(buffer, *_order):
@@ -127,6 +129,3 @@ class TFOutOfBandCompressor(SparseCompressorBase, HorovodCompressor):
                 self._token = tf.Variable(0, dtype=tf.int64, trainable=False, name="exchange_token")
         return self._token
 
-
-#: the name it had when only sparsifiers used it
-TFSparseCompressor = TFOutOfBandCompressor

@@ -1,0 +1,53 @@
+"""Sorted int64 indices: which entries are marked, and the entries at given indices.
+
+Results stay in the input's library and device. On numpy and CPU tensors the
+compaction and matching run numpy's kernels on zero-copy views (2-5x torch's on one
+thread, :mod:`horovod_sparse.ops.views`); the results are integers, so the same bits.
+
+Example::
+
+    picked = compact(keys >= key)       # sorted int64 indices of the marked entries
+    values = take(acc, picked)
+"""
+import sys
+
+import numpy as np
+
+from horovod_sparse.ops.namespace import backend, is_torch
+from horovod_sparse.ops.views import numpy_view
+
+
+def flatnonzero(mask):
+    """int64 indices of the true entries of a 1-D bool array, sorted, same library/device."""
+    if is_torch(mask):
+        return mask.nonzero().view(-1)
+    return np.flatnonzero(mask)
+
+
+def compact(mask):
+    """Like :func:`flatnonzero`, with numpy's kernel on a zero-copy view of a CPU tensor."""
+    view = numpy_view(mask)
+    if view is None:
+        return flatnonzero(mask)
+    found = np.flatnonzero(view)
+    return sys.modules["torch"].from_numpy(found) if is_torch(mask) else found
+
+
+def count_nonzero(mask):
+    """Number of true entries, as a Python int."""
+    return int(backend(mask).count_nonzero(mask))
+
+
+def take(x, indices):
+    """``x[indices]`` for 1-D ``x`` and int64 ``indices`` (torch: index_select, ~3x faster)."""
+    return sys.modules["torch"].index_select(x, 0, indices) if is_torch(x) else x[indices]
+
+
+def isin_sorted(a, b):
+    """Bool mask over ``a``: which entries are in ``b`` (both 1-D, sorted, unique, same
+    library/device). numpy's kernel on CPU (~3x faster than torch.isin on one thread)."""
+    a_view, b_view = numpy_view(a), numpy_view(b)
+    if a_view is None or b_view is None:
+        return sys.modules["torch"].isin(a, b, assume_unique=True)
+    found = np.isin(a_view, b_view, assume_unique=True)
+    return sys.modules["torch"].from_numpy(found) if is_torch(a) else found

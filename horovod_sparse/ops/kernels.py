@@ -1,0 +1,89 @@
+"""In-place arithmetic: kernels that write into a buffer the caller gives.
+
+A step of a pipeline is a few passes over the gradient; writing into reused buffers
+instead of allocating keeps it so (a new 100 MB buffer costs its page faults, more than
+the math). Each kernel picks the faster spelling of the same operation: torch's indexed
+kernels (``index_fill_``, ``index_copy_``: ~2x the indexed store), or numpy's on a
+zero-copy view of a CPU tensor where torch's is slower there (comparisons into bool,
+float -> integer casts). The results are the same bits either way.
+
+Example::
+
+    zero_at(acc, sent)                  # error feedback: what was sent leaves the residual
+    count = count_at_least(keys, key, mask)
+"""
+import sys
+
+import numpy as np
+
+from horovod_sparse.ops.namespace import backend, is_torch
+from horovod_sparse.ops.views import int_view, numpy_view
+
+
+def zero_at(x, indices):
+    """``x[indices] = 0`` in place, for 1-D ``x`` (torch: index_fill_)."""
+    if is_torch(x):
+        x.index_fill_(0, indices, 0)
+    else:
+        x[indices] = 0
+    return x
+
+
+def put(x, indices, values):
+    """``x[indices] = values`` in place, for 1-D ``x`` (torch: index_copy_)."""
+    if is_torch(x):
+        x.index_copy_(0, indices, values)
+    else:
+        x[indices] = values
+
+
+def copy_into(dst, src):
+    """``dst[...] = src`` (torch: copy_, which also converts the dtype)."""
+    if is_torch(dst):
+        dst.copy_(src)
+    else:
+        dst[...] = src
+
+
+def cast_into(dst, src):
+    """``dst[...] = src`` across dtypes (float -> int truncates toward zero; values must fit).
+    CPU tensors convert through numpy on zero-copy views: torch's float32 -> uint8 kernel is
+    ~3x slower here (25M: 13 vs 4.6 ms)."""
+    if is_torch(dst) and dst.device.type == "cpu" and is_torch(src) and src.device.type == "cpu":
+        np.copyto(dst.detach().numpy(), src.detach().numpy(), casting="unsafe")
+    else:
+        dst[...] = src
+    return dst
+
+
+def less_into(x, value, out):
+    """``out[...] = x < value`` into the bool buffer ``out``. CPU tensors compare through numpy
+    on zero-copy views: torch's comparison into bool is ~2.5x slower here (25M: 10.6 vs 4 ms)."""
+    if is_torch(x) and x.device.type == "cpu":
+        np.less(x.detach().numpy(), value, out=out.numpy())
+    else:
+        backend(x).less(x, value, out=out)
+    return out
+
+
+def count_at_least(keys, key, out):
+    """Write ``keys >= key`` into the bool buffer ``out`` (like ``keys``); return how many are true."""
+    view = numpy_view(keys)
+    if view is not None:
+        return int(np.count_nonzero(np.greater_equal(view, key, out=numpy_view(out))))
+    return int(sys.modules["torch"].ge(keys, key, out=out).sum())
+
+
+def bfloat16_bits(x, out):
+    """Write the int16 bits of float32 ``x`` rounded to bfloat16 (nearest, ties to even) into
+    ``out`` (int16, same length); a NaN gives some NaN code (torch's cast), callers fix NaNs."""
+    if is_torch(x):
+        return out.view(sys.modules["torch"].bfloat16).copy_(x)
+    bits = int_view(x)  # bits + 0x7FFF + (bit 16), then the top half: wraps only for NaNs
+    rounded = np.right_shift(bits, 16)
+    rounded &= 1
+    rounded += bits
+    rounded += 0x7FFF
+    rounded >>= 16
+    np.copyto(out, rounded, casting="unsafe")
+    return out

@@ -1,0 +1,161 @@
+"""The PyTorch out-of-band compressor: one fused exchange per step, behind the stock
+``hvd.DistributedOptimizer``, for the compressors Horovod's allreduce cannot carry
+(sparsifiers, bit-packed quantizers, PowerSGD, FFT).
+
+Horovod calls ``compress`` for every gradient of a step (from the backward hooks and
+``synchronize()``) before the step's first ``decompress``. So:
+
+1. ``compress`` records the gradient under its parameter's name (read from the calling
+   Horovod code; its position in the step where no name is visible) and hands Horovod a
+   one-element probe (its reduced value gives the Average/Sum scale,
+   :mod:`horovod_sparse.out_of_band`);
+2. the step's first ``decompress`` runs the pipeline on the recorded gradients, ordered by
+   name (Horovod compresses the gradients missing from the backward pass in
+   ``synchronize()``, in an order that differs between steps and ranks), as one buffer: a
+   sparsifier gets them as pieces of it (its memory reads them in place: grad + residual
+   in one pass), the other pipelines a copy in one persistent float32 buffer on their
+   device (:class:`FusedBuffer`). One exchange per step, on the ranks of the optimizer's
+   process set; the ranks first agree on the layout (one 8-byte Allgather), so ranks
+   whose gradients differ fail together with a clear error;
+3. each ``decompress`` writes its gradient's part of the sum into the gradient tensor
+   itself (zeroed, then the summed pairs scattered in for sparsifiers; copied from the
+   dense sum for the others), scaled by its probe, and returns it - in place, as
+   Horovod's own allreduce does. Only the pipeline's payload ever leaves the device.
+
+A frozen parameter (``requires_grad`` False, as in fine-tuning schedules) leaves the fused
+layout at the step it is frozen on every rank: its residual is kept aside, untouched, and
+restored when it is unfrozen (:mod:`horovod_sparse.layout_pipeline`), never drained into a frozen
+parameter. Horovod still reduces its gradient, which it zero-fills: it gets a probe like
+the others (so Horovod's payloads never differ across ranks, whatever a rank froze) and a
+zero result; a non-zero gradient on a frozen parameter is refused on every rank.
+
+When and in which buckets the gradients are exchanged is the schedule's business
+(:class:`~horovod_sparse.torch.step_exchanges.StepExchanges`): one exchange after backward
+by default; with ``schedule=``, planned buckets on channel threads while backward goes on.
+"""
+import horovod.torch as hvd
+import torch
+from horovod.torch.compression import Compressor as HorovodCompressor
+from horovod.torch.optimizer import _DistributedAdasumOptimizer
+
+from horovod_sparse.agreement import communicator_of
+from horovod_sparse.checks import check_choice, check_positive_int
+from horovod_sparse.horovod_frames import caller_gradient, caller_process_set, check_caller
+from horovod_sparse.ops.torch_ops import TorchOps
+from horovod_sparse.out_of_band import OutOfBandCompressorBase
+from horovod_sparse.schedule.planner import SCHEDULES
+from horovod_sparse.torch.step_exchanges import StepExchanges
+
+
+class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
+    """A real ``horovod.torch.compression.Compressor`` that exchanges the fused step out of band.
+
+    Args:
+        algorithm: an out-of-band compressor (``horovod_sparse.create("topk:density=0.01")``).
+        dense_below: gradients with fewer elements (and non-float ones) go through Horovod's
+            allreduce unchanged.
+        schedule: when the exchanges run: ``"after_backward"`` (default: one exchange of
+            the whole step after backward), ``"wfbp"`` (one per gradient, each as soon as it
+            is ready), ``"mgwfbp"`` (MG-WFBP's greedy merge), ``"optimal"`` (the exact
+            dynamic program), ``"asc"`` (merged buckets on two simultaneous channels) or
+            ``"auto"`` (every distinct plan of those, the simulator's pick first, run for
+            1 + ``trial_steps`` steps each; the one measured fastest is kept).
+        profile_steps: steps run after backward, timed, before a schedule's plan is made
+            (integer >= 1, default 3; the first is left out of the trace as warm-up).
+        trial_steps: with ``"auto"``, timed steps each candidate plan runs (after one
+            warm-up step) before the fastest is kept (integer >= 1, default 5; each
+            candidate's median step period counts).
+
+    The fused buffer is float32 on the gradients' device; results are written back in each
+    gradient's own dtype and device. Use one instance per optimizer (with ``process_set=``,
+    the exchange runs among that set's ranks). ``state_dict()`` is keyed by parameter name
+    (and holds the schedule's plan, so that a resumed run exchanges the same buckets).
+    ``schedule_report`` says, once planned, what was measured and chosen.
+
+    Example::
+
+        compression = TorchOutOfBandCompressor(horovod_sparse.create("topk", density=0.01), schedule="auto")
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=compression)
+    """
+
+    ops = TorchOps()
+
+    def __init__(self, algorithm, dense_below=None, schedule="after_backward", profile_steps=3, trial_steps=5):
+        super().__init__(algorithm, *(() if dense_below is None else (dense_below,)))
+        self.schedule = check_choice("schedule", schedule, SCHEDULES)
+        self.profile_steps = check_positive_int("profile_steps", profile_steps)
+        self.trial_steps = check_positive_int("trial_steps", trial_steps)
+        self.exchanges = StepExchanges(algorithm, self.schedule, self.profile_steps, self.trial_steps)
+        # this step's gradients, as compress hands them over
+        self._position = 0
+        self._step_finished = True  # the next compress starts a step
+        self._recorded = {}    # key -> gradient, this step
+        self._frozen = {}      # key -> gradient of a frozen parameter, this step
+        self._results = None   # the step's sums (StepSum or ChannelExchanges), after its exchange
+        self._caller_checked = False
+
+    def compress(self, tensor):
+        if not self._caller_checked:
+            check_caller(self.algorithm.name, hvd.Adasum, _DistributedAdasumOptimizer._allreduce_grad_async.__code__,
+                         process_sets=True)
+            self._comm = communicator_of(caller_process_set())
+            self._caller_checked = True
+        if self._step_finished:
+            self._position, self._step_finished = 0, False
+            self._recorded, self._frozen, self._results = {}, {}, None
+            self.exchanges.start_step(self.comm)
+        name, parameter = caller_gradient(tensor)
+        key = self._position if name is None else name
+        self._position += 1
+        if self.goes_dense(tensor):
+            return self.compress_dense(tensor, key)
+        if key in self._recorded or key in self._frozen:
+            raise ValueError(f"{self.algorithm.name}: gradient {key!r} was compressed twice in one step "
+                             "(one compressor instance per optimizer, one name per tensor)")
+        frozen = parameter is not None and not parameter.requires_grad
+        (self._frozen if frozen else self._recorded)[key] = tensor
+        self.exchanges.arrived(key, self._recorded, self._frozen)
+        probe = torch.ones(1, dtype=torch.float32, device=tensor.device)
+        self.record(key, tensor, probe)
+        return probe, ("sparse", key)
+
+    def decompress(self, tensor, ctx):
+        self._step_finished = True
+        if ctx is None:  # a sparse gradient (nn.Embedding(sparse=True)) Horovod allgathered
+            return tensor
+        kind, info = ctx
+        if kind == "dense":
+            return self.decompress_dense(tensor, info)
+        if self._results is None:
+            self._results = self.exchanges.finish(self._recorded, self._frozen)
+            self.pipelines = self.exchanges.pipelines
+        return self._results.write(info, self.scale(tensor.item()))
+
+    @property
+    def schedule_report(self):
+        """Once planned: what was measured and chosen (None before, and without a schedule)."""
+        return self.exchanges.report
+
+    def last_step_timeline(self):
+        """With a plan: when the last step's gradients arrived and its buckets were exchanged
+        (:meth:`~horovod_sparse.torch.channels.ChannelExchanges.timeline`); None before."""
+        return self.exchanges.timeline()
+
+    # -- checkpointing: by gradient key, so that state follows its parameter ------------
+    def state_dict(self):
+        """``{parameter name: {field: its slice of the residual...}}`` plus the pipelines'
+        whole-buffer state under ``"(fused)"`` (with a plan, its buckets, each bucket's state
+        and the plan itself); numbers, strings and numpy arrays only
+        (:mod:`horovod_sparse.state_format`). Each rank saves its own."""
+        return self.exchanges.state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Restore :meth:`state_dict`, now or at the first step; a gradient's state goes back to
+        it by name, whatever the layout then. A saved plan is resumed if this compressor has a
+        schedule (not ``"after_backward"``); one saved while ``"auto"`` was still trying its
+        candidates is not: the residuals are, and the resumed run profiles and tries again."""
+        self.exchanges.load_state_dict(state_dict)
+
+    def close(self):
+        self.exchanges.close()
