@@ -3,11 +3,11 @@
 It is not a Horovod compressor (Horovod has no numpy frontend); it runs the same math
 with explicit slot keys, so a test can replay exactly what a rank did.
 """
-from horovod_sparse.adapter import CompressorAdapter
+from horovod_sparse.in_band import InBandCompressorBase
 from horovod_sparse.ops.numpy_ops import NumpyOps
 
 
-class ReferenceCompressor(CompressorAdapter):
+class ReferenceCompressor(InBandCompressorBase):
     """Reference compressor: ``compress(array, key)`` with an explicit gradient key."""
 
     ops = NumpyOps()

@@ -8,7 +8,9 @@ in the order the step first enters them, with the functions called in each: the 
 gradient from ``compress`` to the wire and back (docs/architecture.md).
 
     mpirun -np 2 .venv/bin/python scripts/step_files.py --compressor topk:density=0.01
-    .venv/bin/python scripts/step_files.py --framework tensorflow --compressor topk:density=0.01
+
+PyTorch only: TensorFlow runs a step's exchanges inside ``tf.numpy_function`` on its own
+threads, which Python 3.11's profiler hooks do not reach.
 """
 import argparse
 import os
@@ -65,42 +67,18 @@ def torch_steps(spec, steps):
     return step, steps
 
 
-def tensorflow_steps(spec, steps):
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-    import horovod_sparse.tensorflow as hvds
-
-    hvd.init()
-    tf.random.set_seed(0)
-    model = tf.keras.Sequential([tf.keras.layers.Dense(256, activation="relu"), tf.keras.layers.Dense(10)])
-    model.build((None, 256))
-    opt = tf.keras.optimizers.SGD(0.01)
-    compression = hvds.Compression.from_spec(spec)
-    x, y = tf.random.normal((32, 256)), tf.random.uniform((32,), 0, 10, tf.int64)
-
-    @tf.function
-    def train_step():
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
-        tape = hvd.DistributedGradientTape(tape, compression=compression)
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-    return train_step, steps
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--compressor", default="topk:density=0.01", help="a spec, e.g. topk:density=0.01")
-    p.add_argument("--framework", choices=["torch", "tensorflow"], default="torch")
     p.add_argument("--warmup", type=int, default=3, help="steps before the recorded one (default 3)")
     a = p.parse_args()
-    step, _ = (torch_steps if a.framework == "torch" else tensorflow_steps)(a.compressor, a.warmup)
+    step, _ = torch_steps(a.compressor, a.warmup)
     for _ in range(a.warmup):
         step()
     with Recorder() as recorder:
         step()
     if int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == 0:
-        print(f"{len(recorder.files)} files in one steady {a.framework} step of {a.compressor}:")
+        print(f"{len(recorder.files)} files in one steady PyTorch step of {a.compressor}:")
         for i, (path, functions) in enumerate(recorder.files.items(), 1):
             print(f"{i:3d}. {path}: {', '.join(functions)}")
 

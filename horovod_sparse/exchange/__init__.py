@@ -7,13 +7,12 @@
 Modules, in data-flow order: validation (local checks + agreement), regions,
 split_reduce (phase 1), selection (exact global top-k), balance (phase 2),
 tree (gTop-k), the algorithms (dense, allgather, oktopk, gtopk, dsa), comm
-(the only MPI calls, counted into Traffic), engine (the public class).
+(the only MPI calls, counted into Traffic), engine (the public class and its result).
 """
-from .engine import ALGORITHMS, SparseAllreduce
+from .comm import Traffic
+from .engine import ALGORITHMS, ExchangeResult, SparseAllreduce
 from .errors import ExchangeError
-from .result import ExchangeResult
 from .sparse_ops import intersect_sorted, mask_in_sorted
-from .traffic import Traffic
 
 __all__ = ["SparseAllreduce", "ExchangeResult", "Traffic", "ALGORITHMS", "ExchangeError",
            "intersect_sorted", "mask_in_sorted"]

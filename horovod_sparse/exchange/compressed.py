@@ -57,9 +57,8 @@ from horovod_sparse.memory import ErrorFeedback
 from horovod_sparse.ops import host, kernels, namespace, views
 from horovod_sparse.pipeline import check_identity, saved_array
 
-from .comm import CountedExchange, CountingComm
+from .comm import CountedExchange, CountingComm, Traffic
 from .seeds import derive_seed
-from .traffic import Traffic
 from .validation import agree_call, identity_code, is_int
 
 METHODS = ("alltoall", "allgather")

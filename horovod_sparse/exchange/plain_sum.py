@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from horovod_sparse.exchange.comm import CountingComm
-from horovod_sparse.exchange.traffic import Traffic
+from horovod_sparse.exchange.comm import CountingComm, Traffic
 from horovod_sparse.ops import host, namespace
 from horovod_sparse.pipeline import Pipeline
 

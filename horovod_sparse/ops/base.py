@@ -32,7 +32,7 @@ class ArrayOps:
 
     Tensors are the framework's own type; shapes are tuples of ints; dtypes are the
     names in ``FLOAT_DTYPES`` or the framework's other dtype names. A *slot* is the
-    per-tensor state of a stateful compressor (:class:`horovod_sparse.state.Slot`); the
+    per-tensor state of a stateful compressor (:class:`horovod_sparse.slots.Slot`); the
     ops decide how its residual and step are stored (plain tensors, or ``tf.Variable``
     inside a TensorFlow graph).
     """
@@ -113,10 +113,13 @@ class ArrayOps:
         raise NotImplementedError
 
     # -- slot storage -------------------------------------------------------------
-    def init_slot(self, slot, residual_dtype, like):
-        """Give a new slot a zero residual (flat, ``residual_dtype``, on ``like``'s device) and step 0."""
+    def init_slot(self, slot, residual_dtype, like, saved=None):
+        """Give a new slot a zero residual (flat, ``residual_dtype``, on ``like``'s device) and
+        step 0, or the ``saved`` ``(numpy residual, int step)`` of a checkpoint."""
         slot.residual = self.zeros((self.numel_of(slot.shape),), residual_dtype, like)
         slot.step = 0
+        if saved is not None:
+            self.load_slot(slot, *saved)
 
     def load_slot(self, slot, residual, step):
         """Restore an initialised slot from a numpy residual and an int step."""

@@ -49,11 +49,17 @@ class TFOps(ArrayOps):
         return indices
 
     # Slots hold tf.Variables so that a traced graph reads and updates them every step.
-    def init_slot(self, slot, residual_dtype, like):
+    def init_slot(self, slot, residual_dtype, like, saved=None):
+        # A checkpoint's state is the variables' initial value: made once, outside the traced
+        # step (an assign traced into the step would run again at every step).
+        if saved is not None:
+            self.check_saved_residual(slot, saved[0])
         with tf.init_scope():
-            slot.residual = tf.Variable(tf.zeros([self.numel_of(slot.shape)], residual_dtype),
-                                        trainable=False, name=f"residual_{slot.stream}")
-            slot.step = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"step_{slot.stream}")
+            residual, step = tf.zeros([self.numel_of(slot.shape)], residual_dtype), 0
+            if saved is not None:
+                residual, step = tf.constant(saved[0], residual_dtype), int(saved[1])
+            slot.residual = tf.Variable(residual, trainable=False, name=f"residual_{slot.stream}")
+            slot.step = tf.Variable(step, dtype=tf.int64, trainable=False, name=f"step_{slot.stream}")
 
     def load_slot(self, slot, residual, step):
         self.check_saved_residual(slot, residual)

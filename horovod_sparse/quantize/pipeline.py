@@ -25,7 +25,7 @@ import numpy as np
 from horovod_sparse.checks import check_bool
 from horovod_sparse.exchange.compressed import CompressedAllreduce
 from horovod_sparse.exchange.seeds import derive_seed
-from horovod_sparse.exchange.traffic import Traffic
+from horovod_sparse.exchange.comm import Traffic
 from horovod_sparse.memory import ErrorFeedback, Momentum
 from horovod_sparse.ops import namespace
 from horovod_sparse.pipeline import Pipeline, saved_array, with_prefix, without_prefix

@@ -2,7 +2,8 @@
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor as HorovodCompressor
 
-from horovod_sparse.adapter import CompressorAdapter, make_compression_namespace
+from horovod_sparse.catalogue import make_compression_namespace
+from horovod_sparse.in_band import InBandCompressorBase
 from horovod_sparse.ops.tf_ops import TFOps
 from horovod_sparse.tensorflow.out_of_band import TFOutOfBandCompressor
 from horovod_sparse.tensorflow.construction import refuse_inside_trace
@@ -10,7 +11,7 @@ from horovod_sparse.tensorflow.graph_mode import run_state_updates
 from horovod_sparse.tensorflow.gradient_keys import GradientKeys
 
 
-class TFCompressor(CompressorAdapter, HorovodCompressor):
+class TFCompressor(InBandCompressorBase, HorovodCompressor):
     """A real ``horovod.tensorflow.compression.Compressor`` running a horovod_sparse compressor.
 
     Horovod calls TensorFlow compressors while tracing a ``tf.function`` (also from eager
@@ -43,7 +44,7 @@ class TFCompressor(CompressorAdapter, HorovodCompressor):
         self._keys = GradientKeys()
 
     # A walk over Python frames, run once at trace time: autograph must not rewrite its loop.
-    agree_across_ranks = tf.autograph.experimental.do_not_convert(CompressorAdapter.agree_across_ranks)
+    agree_across_ranks = tf.autograph.experimental.do_not_convert(InBandCompressorBase.agree_across_ranks)
 
     def compress(self, tensor, name=None):
         key = self._keys.of(tensor, self.algorithm, name)

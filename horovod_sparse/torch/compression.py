@@ -1,13 +1,14 @@
 """The PyTorch Horovod compressor: one framework-free compressor bound to torch ops."""
 from horovod.torch.compression import Compressor as HorovodCompressor
 
-from horovod_sparse.adapter import CompressorAdapter, make_compression_namespace
+from horovod_sparse.catalogue import make_compression_namespace
+from horovod_sparse.in_band import InBandCompressorBase
 from horovod_sparse.horovod_frames import caller_gradient
 from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.torch.out_of_band import TorchOutOfBandCompressor
 
 
-class TorchCompressor(CompressorAdapter, HorovodCompressor):
+class TorchCompressor(InBandCompressorBase, HorovodCompressor):
     """A real ``horovod.torch.compression.Compressor`` running a horovod_sparse compressor.
 
     Each gradient's state is keyed by its parameter's name, read from the calling Horovod
@@ -24,7 +25,7 @@ class TorchCompressor(CompressorAdapter, HorovodCompressor):
     parameter's update).
 
     Use one instance per optimizer. ``state_dict()``/``load_state_dict()`` save and restore
-    residuals and step counters by key (see :class:`~horovod_sparse.adapter.CompressorAdapter`).
+    residuals and step counters by key (see :class:`~horovod_sparse.in_band.InBandCompressorBase`).
 
     Example::
 

@@ -85,12 +85,9 @@ def payload_ratio(spec, elements=None):
 
 
 def dense_below():
-    """Fused compressors send gradients with fewer elements through Horovod, unchanged."""
-    try:
-        from horovod_sparse.out_of_band import DEFAULT_DENSE_BELOW
-        return DEFAULT_DENSE_BELOW
-    except ImportError:   # pragma: no cover - the adapter moved; its documented default
-        return 1024
+    """Out-of-band compressors send gradients with fewer elements through Horovod, unchanged."""
+    from horovod_sparse.out_of_band import DEFAULT_DENSE_BELOW
+    return DEFAULT_DENSE_BELOW
 
 
 def out_of_band_part(gradients):

@@ -1,0 +1,108 @@
+"""What the PyTorch, TensorFlow and numpy frontends share for the in-band compressors
+(``none``, ``fp16``, ``randomk``: payloads Horovod's own allreduce sums): binding a
+compressor's math to one framework's ops and to the per-tensor state.
+
+A frontend subclass decides only how a gradient is identified (its slot key), since
+Horovod's ``compress(tensor)`` carries no name; everything else is here. The out-of-band
+compressors' counterpart is :mod:`horovod_sparse.out_of_band`.
+"""
+from horovod_sparse import registry
+from horovod_sparse.agreement import check_same_on_every_rank, communicator_of
+from horovod_sparse.compressors.base import WIRE_DTYPE
+from horovod_sparse.horovod_frames import caller_process_set
+from horovod_sparse.slots import CompressorState
+
+
+class InBandCompressorBase:
+    """A framework-free compressor bound to ``ops``, with its state.
+
+    Attributes:
+        algorithm: the :class:`~horovod_sparse.compressors.Compressor` doing the math.
+        state: the :class:`~horovod_sparse.slots.CompressorState` (one slot per gradient).
+    """
+
+    ops = None  # an ArrayOps instance, set by each frontend
+
+    def __init__(self, algorithm):
+        self.algorithm = algorithm
+        self.state = CompressorState()
+        self._pending = {}  # slot key -> (residual, step) loaded before the slot existed
+        self._agreed = False  # parameters checked across ranks (once, at the first compress)
+
+    @classmethod
+    def from_spec(cls, spec, **params):
+        """Build from a spec string, e.g. ``from_spec("randomk:density=0.01")``."""
+        return cls(registry.create(spec, **params))
+
+    def compress_slot(self, tensor, key):
+        """Compress ``tensor`` as the gradient identified by ``key``; returns ``(payload, ctx)``."""
+        ops = self.ops
+        if not self._agreed:
+            self.agree_across_ranks()
+            self._agreed = True
+        if key is None:  # no identity for this gradient: only stateless compressors can run
+            return self.algorithm.compress(ops, tensor, None)
+        dtype = ops.dtype_name(tensor)
+        # A stateless compressor has nothing to mix up when the order of gradients changes
+        # (a parameter without a gradient this step, synchronize() then step()): its slot
+        # only counts bytes, so it is replaced instead of checked.
+        slot = self.state.get(key, ops.shape(tensor), dtype, replace=not self.algorithm.stateful)
+        if self.algorithm.stateful and slot.residual is None:
+            ops.init_slot(slot, WIRE_DTYPE.get(dtype, dtype), like=tensor, saved=self._pending.pop(key, None))
+        payload, ctx = self.algorithm.compress(ops, tensor, slot)
+        slot.payload_nbytes = ops.nbytes(payload)
+        slot.dense_nbytes = ops.nbytes(tensor)
+        return payload, ctx
+
+    def agree_across_ranks(self):
+        """Check once, on the ranks of the caller's process set, that all pass this compressor."""
+        check_same_on_every_rank(self.algorithm.spec, communicator_of(caller_process_set()),
+                                 "compressors or parameters")
+
+    def decompress(self, tensor, ctx):
+        """The gradient from a reduced payload (Horovod's ``decompress``)."""
+        return self.algorithm.decompress(self.ops, tensor, ctx)
+
+    # -- checkpointing ---------------------------------------------------------------
+    def state_dict(self):
+        """Residuals and step counters as ``{slot key: {"residual": ndarray, "step": int}}``.
+
+        Save it beside the optimizer's state (``torch.save({"optimizer": opt.state_dict(),
+        "compression": compression.state_dict()}, path)``); each rank saves its own,
+        since residuals differ across ranks.
+        """
+        out = {}
+        for key, slot in self.state.slots.items():
+            if slot.residual is None:
+                continue
+            residual, step = self.ops.slot_to_numpy(slot)
+            out[key] = {"residual": residual, "step": step}
+        return out
+
+    def load_state_dict(self, state_dict):
+        """Restore what :meth:`state_dict` returned; slots not yet created are restored on first use."""
+        for key, entry in state_dict.items():
+            slot = self.state.slots.get(key)
+            if slot is not None and slot.residual is not None:
+                self.ops.load_slot(slot, entry["residual"], entry["step"])
+            else:
+                self._pending[key] = (entry["residual"], entry["step"])
+
+    # -- accounting --------------------------------------------------------------------
+    @property
+    def payload_bytes_per_step(self):
+        """Bytes this rank hands to the allreduce per step, summed over gradients."""
+        return self.state.payload_bytes_per_step
+
+    @property
+    def dense_bytes_per_step(self):
+        """Bytes the same gradients take uncompressed."""
+        return self.state.dense_bytes_per_step
+
+    def bytes_sent_per_step(self, world_size):
+        """Bytes this rank sends per step if Horovod's allreduce is a ring: 2(P-1)/P x payload."""
+        from horovod_sparse.out_of_band import ring_bytes
+        return ring_bytes(self.payload_bytes_per_step, world_size)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.algorithm.spec!r})"
