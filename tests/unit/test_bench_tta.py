@@ -219,9 +219,18 @@ def test_a_job_that_never_starts_marks_every_run_not_run(tmp_path, monkeypatch):
 
 # -- the smoke mode, end to end ----------------------------------------------------------------
 
+def launcher_environment():
+    """The environment as Python read it at start-up, given explicitly: another unit test may
+    have initialised MPI in this process as a singleton, which setenv()s two dozen PMIx and
+    Open MPI job variables into the C environment; a child given no ``env`` inherits them, and
+    its mpirun then believes it runs inside that job and exits at once."""
+    return dict(os.environ)
+
+
 @pytest.mark.timeout(420)
 def test_smoke_mode_runs_and_checks_its_records():
     result = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_tta.py"), "--smoke",
-                             "--python", sys.executable], capture_output=True, text=True, timeout=400)
+                             "--python", sys.executable], capture_output=True, text=True, timeout=400,
+                            env=launcher_environment())
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "smoke ok" in result.stdout
