@@ -84,6 +84,9 @@ def build_parser():
     p.add_argument("--target", nargs="+", default=[], metavar="[WORKLOAD=]VALUE",
                    help="the target metric, for every workload or per workload (default: Horovod "
                         "dense's final metric in each workload and link)")
+    p.add_argument("--tolerance", type=float, default=0.0, metavar="REL",
+                   help="with the default target: dense's final metric made worse by this fraction "
+                        "of it (0.01: within 1%% relative of dense, the quality bar of issue 19; default 0)")
     p.add_argument("--out", default="results/tta.jsonl", help="records of this run (emptied first)")
     p.add_argument("--data", default="docs/accuracy.jsonl",
                    help="where the records are kept for the doc (copied from --out after the run)")
@@ -121,6 +124,8 @@ def parse_args(argv=None):
     try:
         a.links = [step._link(link) for link in a.links]
         a.targets = parse_targets(a.target)
+        if not 0 <= a.tolerance < 1:
+            raise ValueError(f"--tolerance must be in [0, 1), got {a.tolerance}")
     except (argparse.ArgumentTypeError, ValueError) as e:
         p.error(str(e))
     a.steps = a.steps or None
@@ -284,17 +289,22 @@ def first_reach(rec, target, higher):
     return None
 
 
-def target_of(rs, workload, targets):
+def target_of(rs, workload, targets, tolerance=0.0):
     """(target, where it comes from) of one group: ``targets`` (per workload, or None: for
-    all), else Horovod dense's final metric; (None, why) when neither exists."""
+    all), else Horovod dense's final metric made worse by ``tolerance`` of it (relative);
+    (None, why) when neither exists."""
     for key in (workload, None):
         if key in targets:
             return targets[key], "given (--target)"
     dense = next((r for r in rs if r["compressor"] == DENSE), None)
     if dense is None or dense.get("error") or final_metric(dense) is None:
         return None, "no target: Horovod dense has no complete run here"
-    return final_metric(dense), (f"Horovod dense's final {dense['metric']} "
-                                 f"({dense['steps']} steps, {dense['seconds']:.1f} s of training)")
+    final = final_metric(dense)
+    higher = dense.get("higher_is_better", True)
+    source = f"Horovod dense's final {dense['metric']} ({dense['steps']} steps, {dense['seconds']:.1f} s of training)"
+    if tolerance:
+        source = f"within {100 * tolerance:g}% (relative) of {source}, {_metric(final)}"
+    return final * (1 - tolerance if higher else 1 + tolerance), source
 
 
 def summarise(rs, target, higher):
@@ -349,7 +359,7 @@ def png_name(workload, link, np_):
     return f"accuracy_{workload}_{link}_p{np_}.png"
 
 
-def markdown(recs, targets=None, png_dir=None):
+def markdown(recs, targets=None, png_dir=None, tolerance=0.0):
     """The tta block: one section per (workload, link, np), each with its plot where
     ``png_dir`` (relative to the page) is given."""
     targets = targets or {}
@@ -363,7 +373,7 @@ def markdown(recs, targets=None, png_dir=None):
            "evaluation interval; training seconds leave the evaluations out.", ""]
     for (workload, link, np_), rs in groups(recs).items():
         metric, higher = metric_of(rs)
-        target, source = target_of(rs, workload, targets)
+        target, source = target_of(rs, workload, targets, tolerance)
         ref = next((r for r in rs if r.get("lr") is not None), rs[0])
         out += [f"### {workload}, {link}, P = {np_}", ""]
         budget = " or ".join(f"{v:g} {unit}" for v, unit in ((ref.get("budget_steps"), "steps"),
@@ -408,16 +418,16 @@ def plot(rs, target, path, title):
     plt.close(fig)
 
 
-def write_report(recs, md, targets=None):
+def write_report(recs, md, targets=None, tolerance=0.0):
     """The tta block of ``md`` and one plot per group beside it; returns the plot paths."""
     folder = os.path.dirname(os.path.abspath(md))
     os.makedirs(folder, exist_ok=True)
     pngs = []
     for (workload, link, np_), rs in groups(recs).items():
-        target, _ = target_of(rs, workload, targets or {})
+        target, _ = target_of(rs, workload, targets or {}, tolerance)
         pngs.append(os.path.join(folder, png_name(workload, link, np_)))
         plot(rs, target, pngs[-1], f"{workload}, {link}, P = {np_}")
-    replace_block(md, BLOCK, markdown(recs, targets, png_dir=""), heading="## Results\n")
+    replace_block(md, BLOCK, markdown(recs, targets, png_dir="", tolerance=tolerance), heading="## Results\n")
     return pngs
 
 
@@ -426,7 +436,7 @@ def report(a):
         print(f"[bench_tta] no records in {a.data}", flush=True)
         return 1
     recs = load([a.data])
-    pngs = write_report(recs, a.md, a.targets)
+    pngs = write_report(recs, a.md, a.targets, a.tolerance)
     print(f"[bench_tta] {len(recs)} records from {a.data} -> {a.md}, {len(pngs)} plots", flush=True)
     return 0
 

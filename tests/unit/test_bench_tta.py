@@ -124,6 +124,10 @@ def test_target_is_horovod_denses_final_metric_unless_given():
     assert bench_tta.target_of(rs, "digits_resnet", {None: 0.8})[0] == 0.8
     assert bench_tta.target_of(rs, "digits_resnet", {"digits_resnet": 0.7, None: 0.8})[0] == 0.7
     assert bench_tta.target_of(rs[1:], "digits_resnet", {})[0] is None   # no dense run
+    # within 1% of dense's final: worse by 1% of it, in the metric's own direction
+    assert bench_tta.target_of(rs, "digits_resnet", {}, tolerance=0.01)[0] == pytest.approx(0.9 * 0.99)
+    lm = [dict(r, higher_is_better=False) for r in rs]
+    assert bench_tta.target_of(lm, "digits_resnet", {}, tolerance=0.01)[0] == pytest.approx(0.9 * 1.01)
 
 
 def test_steps_time_and_speed_ups_to_target():
