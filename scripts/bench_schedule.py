@@ -56,6 +56,7 @@ sys.path[:0] = [REPO, os.path.join(REPO, "scripts")]  # the package, and doc_blo
 from horovod_sparse.agreement import max_over_ranks  # noqa: E402  (numpy only at import)
 from horovod_sparse.bench.step import _link, link_bps  # noqa: E402  (stdlib only at import)
 from doc_block import markers, replace_block  # noqa: E402
+from bench_step import default_python, run_job  # noqa: E402
 
 #: What one run measures: Horovod's own fusion, then the one-channel plans.
 SCHEDULES = ("default", "after_backward", "wfbp", "mgwfbp", "optimal")
@@ -83,11 +84,6 @@ MPIRUN_ARGS = "--bind-to none --mca mpi_yield_when_idle 1"
 HOROVOD_KNOBS = ("HOROVOD_DISABLE_GROUP_FUSION", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
 DRIVER_ENV = "HSP_BENCH_DRIVER_COMMAND"
 BEGIN, END = markers("schedule")
-
-
-def default_python():
-    venv = os.path.join(REPO, ".venv", "bin", "python")
-    return venv if os.access(venv, os.X_OK) else sys.executable
 
 
 def _positive(text):
@@ -466,7 +462,6 @@ def worker_command(a, link, *extra):
 
 
 def drive(a, argv):
-    from bench_step import run_link  # one netem job, SIGTERM on timeout
     cmdline = shlex.join(["python", "scripts/bench_schedule.py"] + (sys.argv[1:] if argv is None else argv))
     env = {k: v for k, v in os.environ.items() if k not in HOROVOD_KNOBS}
     env.update(RANK_ENV)
@@ -485,7 +480,7 @@ def drive(a, argv):
             job_env = env
             if a.compressor and a.cycle_ms is not None and what not in ("calibrate", "default"):
                 job_env = {**env, "HOROVOD_CYCLE_TIME": f"{a.cycle_ms:g}"}
-            rc = run_link(job, job_env, a.timeout)
+            rc, _ = run_job(job, job_env, a.timeout)
             if rc != 0:
                 print(f"[schedule] !!! {link} {what} failed (exit {rc})", flush=True)
                 failed.append(f"{link}:{what}")

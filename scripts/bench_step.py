@@ -102,20 +102,23 @@ def link_command(a, link):
             f"--mpirun-args={MPIRUN_ARGS}", "--"] + bench
 
 
-def run_link(argv, env, timeout):
-    """Run one netem.py job (one link of bench_step, one schedule of bench_schedule); on timeout
-    SIGTERM it (netem.py then removes its namespaces)."""
+def run_job(argv, env, timeout):
+    """Run one netem.py job (a link of bench_step, a workload and link of bench_tta, a schedule
+    of bench_schedule); on timeout interrupt it (netem.py then stops mpirun and removes its
+    namespaces; SIGTERM alone would leave mpirun behind with ``--rate none``), then insist.
+    Returns (exit status, timed out)."""
     proc = subprocess.Popen(argv, cwd=REPO, env=env)
     try:
-        return proc.wait(timeout=timeout)
+        return proc.wait(timeout=timeout), False
     except subprocess.TimeoutExpired:
         print(f"[bench] timeout after {timeout:.0f} s, stopping this job", flush=True)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            proc.send_signal(sig)
+            try:
+                return proc.wait(timeout=60), True
+            except subprocess.TimeoutExpired:
+                continue
+        return proc.wait(), True
 
 
 def report(a):
@@ -147,7 +150,7 @@ def main(argv=None):
               f"{shlex.join(argv_link)}", flush=True)
         if a.dry_run:
             continue
-        rc = run_link(argv_link, env, a.timeout)
+        rc, _ = run_job(argv_link, env, a.timeout)
         if rc != 0:
             print(f"[bench_step] !!! link {link} failed (exit {rc})", flush=True)
             failed.append(link)

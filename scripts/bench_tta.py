@@ -30,8 +30,6 @@ import math
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,10 +41,8 @@ sys.path[:0] = [REPO, os.path.join(REPO, "scripts")]
 from horovod_sparse.bench import step, tta  # noqa: E402  (stdlib only at import)
 from doc_block import replace_block  # noqa: E402
 from plot_step import link_key  # noqa: E402
+from bench_step import MPIRUN_ARGS, RANK_ENV, default_python, run_job  # noqa: E402,F401  (run_job: tests patch it here)
 
-RANK_ENV = {"OMP_NUM_THREADS": "1", "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-MPIRUN_ARGS = "--bind-to none --mca mpi_yield_when_idle 1"
 BLOCK = "tta"
 DENSE, FP16 = "hvd-none", "hvd-fp16"
 LABELS = {"hvd-none": "Horovod dense (none)", "hvd-fp16": "Horovod fp16", "ddp-none": "DDP dense (gloo)",
@@ -56,11 +52,6 @@ SMOKE = ["--workloads", "digits_resnet", "--links", "loopback", "--np", "2",
          "--compressors", "hvd-none", "topk:density=0.01", "ddp-fp16",
          "--steps", "4", "--eval-every", "2", "--batch", "8",
          "--timeout", "300", "--run-timeout", "150", "--ddp-timeout", "60"]
-
-
-def default_python():
-    venv = os.path.join(REPO, ".venv", "bin", "python")
-    return venv if os.access(venv, os.X_OK) else sys.executable
 
 
 def build_parser():
@@ -156,23 +147,6 @@ def job_command(a, workload, link, compressors):
     # "--mpirun-args=...": with a space argparse would read the value, which starts with "--", as an option
     return [a.python, os.path.join("scripts", "netem.py"), "--rate", rate, "-np", str(a.np),
             f"--mpirun-args={MPIRUN_ARGS}", "--"] + bench
-
-
-def run_job(argv, env, timeout):
-    """Run one netem.py job; on timeout interrupt it (netem.py then stops mpirun and removes its
-    namespaces), then insist. Returns (exit status, timed out)."""
-    proc = subprocess.Popen(argv, cwd=REPO, env=env)
-    try:
-        return proc.wait(timeout=timeout), False
-    except subprocess.TimeoutExpired:
-        print(f"[bench_tta] timeout after {timeout:.0f} s, stopping this job", flush=True)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-            proc.send_signal(sig)
-            try:
-                return proc.wait(timeout=60), True
-            except subprocess.TimeoutExpired:
-                continue
-        return proc.wait(), True
 
 
 def read_records(path, offset=0):
