@@ -50,7 +50,7 @@ def build_parser():
     p.add_argument("--np", type=int, default=2, help="MPI ranks (default 2)")
     p.add_argument("--links", nargs="+", default=["loopback", "1gbit", "10gbit"],
                    help="tc rates per rank link, or loopback (default: loopback 1gbit 10gbit)")
-    p.add_argument("--models", nargs="+", default=["mlp5", "mlp30"], choices=sorted(step.MODELS),
+    p.add_argument("--models", nargs="+", default=["mlp5", "mlp30"], choices=step.MODEL_CHOICES,
                    help="default: mlp5 mlp30")
     p.add_argument("--compressors", nargs="+", default=list(step.DEFAULT_COMPRESSORS), metavar="SPEC",
                    help="dense, hvd-fp16, or horovod_sparse specs (default: all %(default)s)")

@@ -25,7 +25,10 @@ Rank 0 prints one line per run and appends one JSON object per (model, compresso
 disagree about an error (a collective may be left half done) or a run exceeds
 ``--timeout``, the job writes what it has and stops.
 
-The models are those of :mod:`horovod_sparse.models`. Importing this module imports only
+The models are the MLPs of :mod:`horovod_sparse.models` (random data, MSE) and the real
+workloads of :mod:`horovod_sparse.workloads` (``digits_resnet``: torchvision's ResNet-18;
+``stdlib_lm``: a byte-level transformer), each with its own loss on the first batch of the
+rank's shard. Importing this module imports only
 the standard library: torch, Horovod, numpy and mpi4py are imported by :func:`run`, so the
 argument parsing can be used (and tested) without them.
 """
@@ -46,6 +49,7 @@ import threading
 import time
 
 from horovod_sparse.models import MODELS, build_model  # stdlib only at import, like this module
+from horovod_sparse.workloads import NAMES as WORKLOADS  # likewise
 
 RATE_ENV = "HSP_NETEM_RATE"            # set by scripts/netem.py
 DRIVER_ENV = "HSP_BENCH_DRIVER_COMMAND"  # set by scripts/bench_step.py, recorded as is
@@ -61,6 +65,10 @@ DEFAULT_COMPRESSORS = (
     "gaussiank:density=0.01", "dgc:density=0.01", "randomk:density=0.01", "threshold:value=1.5e-5",
     "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "fft",
 )
+
+#: What ``--models`` takes: the synthetic models (random data, MSE) and the real workloads
+#: (their own model, loss and first batch of this rank's shard).
+MODEL_CHOICES = sorted(MODELS) + list(WORKLOADS)
 
 _TC_RATE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)(i?)(bit|bps)$")
 _POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
@@ -108,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m horovod_sparse.bench.step",
         description="Time the training step through hvd.DistributedOptimizer for each compressor "
                     "(run under mpirun; rank 0 prints and writes JSON lines).")
-    p.add_argument("--models", nargs="+", default=["mlp5", "mlp30"], choices=sorted(MODELS),
-                   help="models to run, in order (default: mlp5 mlp30)")
+    p.add_argument("--models", nargs="+", default=["mlp5", "mlp30"], choices=MODEL_CHOICES,
+                   help="models to run, in order: the MLPs of horovod_sparse.models or a real "
+                        "workload of horovod_sparse.workloads (default: mlp5 mlp30)")
     p.add_argument("--compressors", nargs="+", default=list(DEFAULT_COMPRESSORS), metavar="SPEC",
                    help="'dense' (Horovod's Compression.none), 'hvd-fp16' (Horovod's fp16), or a "
                         "horovod_sparse spec such as oktopk:density=0.01 (default: all, see --list)")
@@ -195,6 +204,37 @@ def format_line(r) -> str:
 
 
 # ------------------------------------------------------------------------------- run
+def describe_model(name):
+    """(description, batch per rank) of a ``--models`` name."""
+    if name in MODELS:
+        return MODELS[name]
+    from horovod_sparse import workloads
+    workload = workloads.get(name)
+    return workload.DESCRIPTION, workload.BATCH
+
+
+def model_and_loss(name, seed, rank, size):
+    """(model, loss) of a ``--models`` name: ``loss()`` is one forward pass on this rank's
+    batch, the same batch at every step. The model is the same on every rank for the same
+    seed; the batch is rank's own (random data for the MLPs, the first batch of rank's shard
+    of a real workload)."""
+    import torch
+    if name in MODELS:
+        torch.manual_seed(seed)
+        model, in_shape, out_features = build_model(name)
+        gen = torch.Generator().manual_seed(seed + 1000 * (rank + 1))
+        batch = MODELS[name][1]
+        x = torch.randn((batch,) + in_shape, generator=gen)
+        y = torch.randn(batch, out_features, generator=gen)
+        loss_fn = torch.nn.MSELoss()
+        return model, lambda: loss_fn(model(x), y)
+    from horovod_sparse import workloads
+    workload = workloads.get(name)
+    model = workload.build_model(seed=seed)
+    batch = next(workload.batches(rank, size, seed=seed))
+    return model, lambda: workload.loss(model, batch)
+
+
 class Bench:
     """One rank's state: Horovod, a private mpi4py communicator, the watchdog."""
 
@@ -247,23 +287,17 @@ class Bench:
         torch, hvd, args = self.torch, self.hvd, self.args
         times, digest, sent, error, compression = [], None, None, None, None
         try:
-            torch.manual_seed(args.seed)               # same initial model everywhere ...
-            model, in_shape, out_features = build_model(model_name)
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)   # ... and made sure of
-            gen = torch.Generator().manual_seed(args.seed + 1000 * (self.rank + 1))
-            batch = MODELS[model_name][1]
-            x = torch.randn((batch,) + in_shape, generator=gen)
-            y = torch.randn(batch, out_features, generator=gen)
+            model, loss = model_and_loss(model_name, args.seed, self.rank, self.size)  # same model everywhere ...
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)       # ... and made sure of
             compression = self.make_compression(spec)
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0),
                                            named_parameters=model.named_parameters(),
                                            compression=compression)
-            loss_fn = torch.nn.MSELoss()
             for i in range(args.warmup + args.steps):
                 self.comm.Barrier()    # every step starts together; not timed
                 t0 = time.perf_counter()
                 opt.zero_grad()
-                loss_fn(model(x), y).backward()   # Horovod's hooks call compress here
+                loss().backward()                 # Horovod's hooks call compress here
                 t1 = time.perf_counter()
                 opt.step()                        # synchronize(): exchanges, decompress, SGD
                 t2 = time.perf_counter()
@@ -325,10 +359,11 @@ class Bench:
         import horovod
         a = self.args
         nbytes = dense_bytes(n_params, self.size)
+        desc, batch = describe_model(model_name)
         return {
             "bench": "step", "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "model": model_name, "model_desc": MODELS[model_name][0], "params": n_params,
-            "tensors": n_tensors, "batch": MODELS[model_name][1], "np": self.size, "link": a.link,
+            "model": model_name, "model_desc": desc, "params": n_params,
+            "tensors": n_tensors, "batch": batch, "np": self.size, "link": a.link,
             "link_bps": link_bps(a.link), "warmup": a.warmup, "steps_per_round": a.steps,
             "rounds": a.rounds, "lr": a.lr, "copy_ms": copy_ms, "dense_bytes": nbytes,
             "link_ms": link_ms(nbytes, a.link), "threads": self.torch.get_num_threads(),
@@ -341,13 +376,13 @@ class Bench:
     def run_model(self, model_name):
         """All rounds of all compressors on one model. Returns False if the job must stop."""
         a = self.args
-        model, _, _ = build_model(model_name)
+        model, _ = model_and_loss(model_name, a.seed, self.rank, self.size)
         n_params = sum(p.numel() for p in model.parameters())
         n_tensors = sum(1 for _ in model.parameters())
         del model
         copies = []
         self.say(f"[step] model {model_name}: {n_params:,} parameters in {n_tensors} tensors, "
-                 f"batch {MODELS[model_name][1]}, P={self.size}, link {a.link}, "
+                 f"batch {describe_model(model_name)[1]}, P={self.size}, link {a.link}, "
                  f"{a.rounds} round(s) x {len(a.compressors)} compressors x ({a.warmup} + {a.steps}) steps")
         times = {spec: [] for spec in a.compressors}
         self.partial = {}

@@ -7,7 +7,7 @@
   metric: validation bits per byte.
 
 Every workload module has the same shape: ``NAME``, ``METRIC``, ``HIGHER_IS_BETTER``, ``BATCH``
-(per rank), and
+(per rank), ``DESCRIPTION`` (one line for benchmark tables), and
 
 * ``build_model(seed=0)``: the model, the same on every rank for the same seed;
 * ``batches(rank, size, batch=BATCH, seed=0)``: rank ``rank``'s shard of one global stream of

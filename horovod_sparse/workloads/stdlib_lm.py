@@ -27,6 +27,8 @@ from horovod_sparse.workloads.stdlib_text import load
 NAME = "stdlib_lm"
 METRIC = "bits_per_byte"
 HIGHER_IS_BETTER = False
+#: one line for benchmark tables
+DESCRIPTION = "6 x 512 causal TransformerEncoder, byte-level LM on the stdlib's source, context 64"
 #: windows per rank and step in the step-time measurements
 BATCH = 4
 CONTEXT = 64

@@ -122,3 +122,24 @@ def test_driver_command_line():
     assert (b.compressors, b.steps, b.warmup, b.link, b.out) == (["dense", "qsgd"], 2, 1, "1gbit", a.out)
     assert bench_step.parse_args(["--report"]).md == "docs/performance.md"
     assert bench_step.parse_args(["--report", "x.md"]).md == "x.md"
+
+
+def test_real_workloads_are_models_of_the_step_benchmark():
+    import torch
+    from horovod_sparse import workloads
+    assert step.parse_args(["--models", "digits_resnet", "stdlib_lm", "mlp5"]).models == [
+        "digits_resnet", "stdlib_lm", "mlp5"]
+    with pytest.raises(SystemExit):
+        step.parse_args(["--models", "resnet50"])
+    desc, batch = step.describe_model("digits_resnet")
+    assert "ResNet-18" in desc and batch == workloads.get("digits_resnet").BATCH
+    assert step.describe_model("mlp30") == step.MODELS["mlp30"]
+    # every rank the same model and its own batch of the workload's data (rank r's shard)
+    (m0, loss0), (m1, loss1) = (step.model_and_loss("digits_resnet", 0, rank, 2) for rank in (0, 1))
+    for p0, p1 in zip(m0.parameters(), m1.parameters()):
+        assert torch.equal(p0, p1)
+    first = loss0()
+    assert torch.isfinite(first) and first.item() != loss1().item()
+    first.backward()
+    assert all(p.grad is not None for p in m0.parameters())
+    assert loss0().item() == pytest.approx(first.item(), rel=0.2)  # the same batch at every step
