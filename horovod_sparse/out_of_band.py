@@ -57,6 +57,12 @@ class OutOfBandCompressorBase:
             self._comm = MPI.COMM_WORLD
         return self._comm
 
+    @property
+    def world_size(self):
+        """P, the size of ``comm``: a property, so that TensorFlow's AutoGraph, converting the
+        traced ``decompress``, sees no call of mpi4py's (it cannot convert C methods, and warns)."""
+        return self.comm.Get_size()
+
     def goes_dense(self, tensor):
         return not self.ops.is_float(tensor) or self.ops.numel(tensor) < self.dense_below
 
@@ -100,7 +106,7 @@ class OutOfBandCompressorBase:
     def scale(self, reduced_probe):
         """The factor turning a sparsifier's sum into Horovod's result: 1/P (Average) or 1 (Sum),
         P being the size of ``comm`` (the ranks of the caller's process set)."""
-        return float(reduced_probe) / self.comm.Get_size()
+        return float(reduced_probe) / self.world_size
 
     # -- checkpointing ----------------------------------------------------------------
     def state_dict(self):

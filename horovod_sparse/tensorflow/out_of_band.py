@@ -92,7 +92,7 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         if info not in self._results:
             self._exchange_recorded()
         summed, shape, dtype = self._results.pop(info)
-        scaled = summed * (tensor[0] / tf.cast(self.comm.Get_size(), tf.float32))
+        scaled = summed * (tensor[0] / float(self.world_size))
         return tf.cast(tf.reshape(scaled, shape), dtype)
 
     # Trace-time Python (a collective on a private communicator): autograph must not convert it.
