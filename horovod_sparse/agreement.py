@@ -12,6 +12,9 @@ Example::
     check_same_on_every_rank(algorithm.spec, comm, "compressors or parameters")
     raise_on_every_rank(comm, None if ok else "cannot load the state")
 """
+import statistics
+import time
+
 import numpy as np
 
 _COMMS = {}
@@ -71,6 +74,18 @@ def max_over_ranks(comm, values):
     out = np.empty_like(a)
     comm.Allreduce(a, out, op=MPI.MAX)
     return out
+
+
+def time_collective(comm, run, repeats):
+    """Median over ``repeats`` (after one warm-up) of the slowest rank's seconds of ``run()``
+    (collective: a barrier before each run, one Allreduce(MAX) of the times)."""
+    times = []
+    for _ in range(repeats + 1):
+        comm.Barrier()
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(statistics.median(max_over_ranks(comm, times)[1:]))
 
 
 def raise_on_every_rank(comm, problem, error=ValueError):

@@ -14,13 +14,14 @@ from horovod_sparse import registry
 OUT_OF_BAND_PARAMETERS = ("dense_below", "schedule", "profile_steps", "trial_steps")
 
 
-def make_compression_namespace(in_band_cls, out_of_band_cls, doc):
+def make_compression_namespace(in_band_cls, out_of_band_cls, doc, auto_cls=None):
     """A ``Compression`` class for one frontend: one factory per registered compressor.
 
     ``Compression.randomk(density=0.01)`` returns ``in_band_cls(RandomKCompressor(density=0.01))``;
     out-of-band ones (``algorithm.out_of_band``) get ``out_of_band_cls(algorithm, dense_below=..., schedule=...)``
     instead (:data:`OUT_OF_BAND_PARAMETERS`).
     Each call makes a new instance (use one per optimizer).
+    With ``auto_cls``, ``Compression.auto(...)`` (and spec ``"auto"``) makes one of those.
     ``Compression.from_spec("topk:density=0.01")`` and ``Compression.available()`` do the same by name.
     """
     def build(name, **params):
@@ -40,12 +41,16 @@ def make_compression_namespace(in_band_cls, out_of_band_cls, doc):
 
     def from_spec(spec, **params):
         name, spec_params = registry.parse_spec(spec)
+        if name == "auto" and auto_cls is not None:
+            return auto_cls(**{**spec_params, **params})
         return build(name, **{**spec_params, **params})
 
     namespace = {"__doc__": doc, "available": staticmethod(registry.available),
                  "from_spec": staticmethod(from_spec)}
     for name in registry.available():
         namespace[name] = CompressorFactory(build, name)
+    if auto_cls is not None:
+        namespace["auto"] = CompressorFactory(lambda _, **params: auto_cls(**params), "auto", cls=auto_cls)
     return type("Compression", (), namespace)
 
 
@@ -54,7 +59,7 @@ class _CompressorDoc:
     for: making the ``Compression`` namespace imports no compressor module (nor mpi4py)."""
 
     def __get__(self, factory, owner):
-        return owner._class_doc if factory is None else registry.get(factory.name).__doc__
+        return owner._class_doc if factory is None else factory.cls.__doc__
 
 
 class CompressorFactory:
@@ -76,16 +81,21 @@ class CompressorFactory:
     _class_doc = __doc__
     __doc__ = _CompressorDoc()
 
-    def __init__(self, build, name):
+    def __init__(self, build, name, cls=None):
         self._build, self.name = build, name
+        self._cls = cls  # the class it makes, where it is not the registry's (auto)
         self._shared = None  # the default instance of a stateless compressor, made on first use
+
+    @property
+    def cls(self):
+        return registry.get(self.name) if self._cls is None else self._cls
 
     def __call__(self, **params):
         return self._build(self.name, **params)
 
     def _uncalled(self):
-        cls = registry.get(self.name)
-        if cls.stateful or getattr(cls, "out_of_band", False):
+        cls = self.cls
+        if getattr(cls, "stateful", True) or getattr(cls, "out_of_band", False):
             example = ", ".join(f"{p.name}={p.default!r}" for p in
                                 list(inspect.signature(cls.__init__).parameters.values())[1:2])
             raise TypeError(f"Compression.{self.name} was passed without calling it: it keeps state per "

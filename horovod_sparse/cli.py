@@ -96,6 +96,9 @@ def build_parser():
     what.add_argument("--compressors", nargs="+", metavar="SPEC", help="default: the trace's")
     what.add_argument("--ratio", nargs="+", type=_positive_float, metavar="C",
                       help="plain compression ratios instead (the paper's model)")
+    what.add_argument("--auto", nargs="*", metavar="SPEC",
+                      help="what Compression.auto would pick, per gradient, among these candidates "
+                      "(default: fp16 topk:density=0.01 powersgd:rank=2); see docs/auto.md")
     wi.add_argument("--rule", choices=RULES, default=None,
                     help="bucket rule (default: horovod for named compressors, netai for --ratio)")
     wi.add_argument("--no-latency", action="store_true", help="drop the latency term (as the paper)")
@@ -232,6 +235,8 @@ def cmd_whatif(args, parser, out):
         trace = load(args.trace, batch_time_s=args.batch_time)
     except (ValueError, OSError, KeyError) as e:
         parser.error(f"TRACE: {e}")
+    if args.auto is not None:
+        return cmd_whatif_auto(args, parser, trace, out)
     compressors, ratios = args.compressors, args.ratio
     if compressors is None and ratios is None:
         if trace.compressors:
@@ -304,6 +309,40 @@ def cmd_whatif(args, parser, out):
         print(f"note: {n}", file=out)
     if args.plot:
         print(f"plot: {args.plot}", file=out)
+    return 0
+
+
+def cmd_whatif_auto(args, parser, trace, out):
+    """``whatif --auto``: per cluster size and link, the plan auto would try first, and per
+    gradient its choice."""
+    from horovod_sparse.auto.decide import DEFAULT_CANDIDATES
+    from horovod_sparse.whatif.auto import auto_choice
+    candidates = args.auto or list(DEFAULT_CANDIDATES)
+    cells, rows = [], []
+    try:
+        for w in args.workers:
+            for g in args.bandwidth:
+                cells.append(((w, g), auto_choice(trace, w, g, candidates, latency_s=args.latency)))
+    except ValueError as e:
+        parser.error(f"--auto: {e}")
+    if args.json:
+        json.dump([{"workers": w, "gbps": g, "plan": name, "predicted_s": seconds, "choices": plan}
+                   for (w, g), (name, plan, seconds) in cells], out)
+        out.write("\n")
+        return 0
+    print(f"{trace.model} on {trace.device}: backward {trace.backward_s * 1e3:.1f} ms, {len(trace.gradients)} "
+          f"gradients, {trace.nbytes / 1e6:.1f} MB; candidates {', '.join(candidates)}. What Compression.auto "
+          "would try first (its prediction; the run's trials decide between the best few):", file=out)
+    _table("best predicted plan per cluster size and link", ["workers", "Gbit/s", "plan", "exchanges end (ms)"],
+           [[str(w), f"{g:g}", name, f"{seconds * 1e3:.1f}"] for (w, g), (name, _, seconds) in cells], out)
+    headers = ["gradient", "MB"] + [f"P={w} {g:g}G" for (w, g), _ in cells]
+    for grad in trace.gradients:
+        rows.append([grad.name, f"{grad.nbytes / 1e6:.2f}"] + [plan[grad.name] for _, (_, plan, _) in cells])
+    _table("choice per gradient (backward order)", headers, rows, out)
+    for spec in candidates:
+        if spec not in ("none", "fp16") and spec not in trace.compressors:
+            print(f"note: the trace has no codec cost for {spec}: counted as free (profile it with "
+                  f"`horovod-sparse profile --compressors {spec}`)", file=out)
     return 0
 
 

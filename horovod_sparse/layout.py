@@ -14,6 +14,11 @@ from typing import Hashable, Tuple
 import numpy as np
 
 
+def key_order(key):
+    """Sort key of gradient keys: positions (ints) before names, each in order."""
+    return isinstance(key, str), key
+
+
 @dataclass(frozen=True)
 class Entry:
     key: Hashable

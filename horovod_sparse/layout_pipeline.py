@@ -104,6 +104,19 @@ class LayoutPipeline:
         for entry in layout.entries:
             self.kept.pop(entry.key, None)
 
+    def take_out(self, keys):
+        """``{key: {field: slice}}`` of the gradients ``keys`` that this pipeline holds, removed
+        from it for good (they move to another compressor, which takes what it can use). The
+        pipeline of the remaining gradients is made anew at its next step, with their state
+        and the step counter."""
+        if self.pipeline is not None and any(e.key in keys for e in self.layout.entries):
+            slices, whole = cut(self.layout, self.pipeline.state_dict())
+            self.kept.update(slices)
+            self.close()
+            self.layout, self.pipeline = None, None
+            self._saved = {field: value for field, value in whole.items() if field in CARRIED}
+        return {key: self.kept.pop(key) for key in keys if key in self.kept}
+
     # -- checkpointing ------------------------------------------------------------------
     def state_dict(self):
         """``{gradient key: {field: slice}}`` for every gradient seen, plus the whole-buffer

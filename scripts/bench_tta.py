@@ -329,11 +329,12 @@ def table(rows, metric, target):
     return "\n".join(lines)
 
 
-def png_name(workload, link, np_):
-    return f"accuracy_{workload}_{link}_p{np_}.png"
+def png_name(workload, link, np_, page="accuracy"):
+    """The plot of one group beside ``page`` (the doc's name without .md)."""
+    return f"{page}_{workload}_{link}_p{np_}.png"
 
 
-def markdown(recs, targets=None, png_dir=None, tolerance=0.0):
+def markdown(recs, targets=None, png_dir=None, tolerance=0.0, page="accuracy"):
     """The tta block: one section per (workload, link, np), each with its plot where
     ``png_dir`` (relative to the page) is given."""
     targets = targets or {}
@@ -358,7 +359,7 @@ def markdown(recs, targets=None, png_dir=None, tolerance=0.0):
         aim = f"target {_metric(target)} = {source}" if target is not None else source
         out += [f"{metric} ({'higher' if higher else 'lower'} is better); {aim}. {settings}.", ""]
         if png_dir is not None:
-            out += [f"![{metric} against training seconds]({os.path.join(png_dir, png_name(workload, link, np_))})",
+            out += [f"![{metric} against training seconds]({os.path.join(png_dir, png_name(workload, link, np_, page))})",
                     ""]
         out += [table(summarise(rs, target, higher), metric, target), ""]
     return "\n".join(out)
@@ -395,13 +396,15 @@ def plot(rs, target, path, title):
 def write_report(recs, md, targets=None, tolerance=0.0):
     """The tta block of ``md`` and one plot per group beside it; returns the plot paths."""
     folder = os.path.dirname(os.path.abspath(md))
+    page = os.path.splitext(os.path.basename(md))[0]
     os.makedirs(folder, exist_ok=True)
     pngs = []
     for (workload, link, np_), rs in groups(recs).items():
         target, _ = target_of(rs, workload, targets or {}, tolerance)
-        pngs.append(os.path.join(folder, png_name(workload, link, np_)))
+        pngs.append(os.path.join(folder, png_name(workload, link, np_, page)))
         plot(rs, target, pngs[-1], f"{workload}, {link}, P = {np_}")
-    replace_block(md, BLOCK, markdown(recs, targets, png_dir="", tolerance=tolerance), heading="## Results\n")
+    replace_block(md, BLOCK, markdown(recs, targets, png_dir="", tolerance=tolerance, page=page),
+                  heading="## Results\n")
     return pngs
 
 

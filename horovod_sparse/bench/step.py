@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import gc
 import hashlib
 import json
 import os
@@ -56,6 +57,8 @@ DRIVER_ENV = "HSP_BENCH_DRIVER_COMMAND"  # set by scripts/bench_step.py, recorde
 
 #: Horovod's own compressors, by the names this benchmark gives them.
 HOROVOD_COMPRESSORS = {"dense": "none", "hvd-none": "none", "hvd-fp16": "fp16"}
+#: most warm-up steps given to Compression.auto to settle before the timed ones
+MAX_SETTLING_STEPS = 200
 
 #: Every compressor, at density 0.01 for the sparsifiers. threshold: 1.5e-5 keeps about 1% of
 #: mlp5's first gradient with this data (|g| quantiles: 50% 1.8e-6, 99% 1.6e-5, 99.9% 2.6e-5).
@@ -213,6 +216,17 @@ def describe_model(name):
     return workload.DESCRIPTION, workload.BATCH
 
 
+def auto_summary(compression):
+    """What a ``Compression.auto`` compressor chose (None for the others): the plan's name, the
+    gradients per choice, the trials' medians and the steps it took to settle."""
+    report = getattr(compression, "auto_report", None)
+    if report is None:
+        return None
+    return {"chosen": report.get("chosen"), "per_choice": report.get("per_choice"),
+            "trials": {t["plan"]: t["measured_s"] for t in report.get("trials", [])},
+            "profile_s": report.get("profile_s"), "settled_at_step": report.get("settled_at_step")}
+
+
 def model_and_loss(name, seed, rank, size):
     """(model, loss) of a ``--models`` name: ``loss()`` is one forward pass on this rank's
     batch, the same batch at every step. The model is the same on every rank for the same
@@ -286,6 +300,7 @@ class Bench:
         """Returns (times [(fwd_bwd_s, step_s)], digest, bytes_sent, error message or None)."""
         torch, hvd, args = self.torch, self.hvd, self.args
         times, digest, sent, error, compression = [], None, None, None, None
+        self.auto_choice = None
         try:
             model, loss = model_and_loss(model_name, args.seed, self.rank, self.size)  # same model everywhere ...
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)       # ... and made sure of
@@ -293,7 +308,13 @@ class Bench:
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0),
                                            named_parameters=model.named_parameters(),
                                            compression=compression)
-            for i in range(args.warmup + args.steps):
+            # Compression.auto decides in its first steps (profiling, trials): those are warm-up
+            # too, so that the timed steps are its settled plan's (the same phase on every rank)
+            warmup, settling = args.warmup, getattr(compression, "phase", "settled") != "settled"
+            i = 0
+            while i < warmup + args.steps:
+                if settling and i == warmup and compression.phase != "settled" and warmup < MAX_SETTLING_STEPS:
+                    warmup += 1
                 self.comm.Barrier()    # every step starts together; not timed
                 t0 = time.perf_counter()
                 opt.zero_grad()
@@ -301,9 +322,11 @@ class Bench:
                 t1 = time.perf_counter()
                 opt.step()                        # synchronize(): exchanges, decompress, SGD
                 t2 = time.perf_counter()
-                if i >= args.warmup:
+                if i >= warmup:
                     times.append((t1 - t0, t2 - t1))
+                i += 1
             digest = self.params_digest(model)
+            self.auto_choice = auto_summary(compression)
             per_step = getattr(compression, "bytes_sent_per_step", None)
             if callable(per_step):
                 try:
@@ -402,6 +425,10 @@ class Bench:
                 watchdog = self._start_watchdog(f"{model_name} {spec} round {rnd + 1}", spec)
                 try:
                     mine, digest, sent, error = self.run_one(model_name, spec)
+                    # the run's model and optimizer live on in reference cycles through Horovod's
+                    # hooks until the cycle collector runs: free them now (at P = 4, 12 runs of a
+                    # 117 MB model grew a rank past 6 GB here), so no run pays for the one before
+                    gc.collect()
                     verdicts = self.comm.allgather((error, digest))
                 finally:
                     watchdog.cancel()
@@ -412,6 +439,8 @@ class Bench:
                 if is_horovod_spec(spec):   # Horovod counts nothing: its ring allreduce's bytes
                     sent = base["dense_bytes"] / (2 if spec == "hvd-fp16" else 1)
                 rec["bytes_sent_per_step"] = sent
+                if self.auto_choice is not None:   # what Compression.auto chose, round by round
+                    rec.setdefault("auto", []).append(self.auto_choice)
                 if any(errors):
                     rec["error"] = next(e for e in errors if e)
                     if len(set(errors)) > 1:   # not every rank failed alike: Horovod may be stuck

@@ -65,8 +65,8 @@ import struct
 import sys
 import time
 
-from horovod_sparse.bench.step import (DRIVER_ENV, RATE_ENV, Bench, _link, _positive, is_horovod_spec,
-                                       link_bps)
+from horovod_sparse.bench.step import (DRIVER_ENV, RATE_ENV, Bench, _link, _positive, auto_summary,
+                                       is_horovod_spec, link_bps)
 from horovod_sparse.workloads import NAMES  # stdlib only at import, like this module
 
 #: The peers, by the names this benchmark gives them.
@@ -263,6 +263,7 @@ class TimeToAccuracy(Bench):
         hvd = self.hvd
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         compression = self.make_compression(spec)
+        self.compression = compression
         close = getattr(compression, "close", None)
         if callable(close):
             cleanup.append(close)
@@ -330,6 +331,7 @@ class TimeToAccuracy(Bench):
         collective (a DDP peer left waiting in gloo gets gloo's timeout first)."""
         a = self.args
         cleanup, digest, error = [], None, None
+        self.compression = None
         try:
             model = self.workload.build_model(seed=a.seed)   # the same on every rank ...
             setup = self.ddp_setup if kind_of(spec) == "ddp" else self.horovod_setup
@@ -362,6 +364,7 @@ class TimeToAccuracy(Bench):
                     break
             if not error:
                 digest = self.params_digest(model)
+            self.current["auto"] = auto_summary(self.compression)
         except Exception as e:   # recorded; the caller decides whether the job can go on
             error = describe(e)
         finally:

@@ -14,8 +14,9 @@ from horovod_sparse.tensorflow.keras_check import KerasVersionError, check_keras
 
 check_keras_version()
 
+from horovod_sparse.tensorflow.auto import TFAutoCompressor  # noqa: E402
 from horovod_sparse.tensorflow.out_of_band import TFOutOfBandCompressor  # noqa: E402
 from horovod_sparse.tensorflow.compression import Compression, TFCompressor  # noqa: E402
 
-__all__ = ["Compression", "TFCompressor", "TFOutOfBandCompressor", "KerasVersionError",
+__all__ = ["Compression", "TFAutoCompressor", "TFCompressor", "TFOutOfBandCompressor", "KerasVersionError",
            "check_keras_version"]

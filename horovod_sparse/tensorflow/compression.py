@@ -5,6 +5,7 @@ from horovod.tensorflow.compression import Compressor as HorovodCompressor
 from horovod_sparse.catalogue import make_compression_namespace
 from horovod_sparse.in_band import InBandCompressorBase
 from horovod_sparse.ops.tf_ops import TFOps
+from horovod_sparse.tensorflow.auto import TFAutoCompressor
 from horovod_sparse.tensorflow.out_of_band import TFOutOfBandCompressor
 from horovod_sparse.tensorflow.construction import refuse_inside_trace
 from horovod_sparse.tensorflow.graph_mode import run_state_updates
@@ -60,5 +61,6 @@ Compression = make_compression_namespace(
 
     Each attribute is a factory returning a new :class:`TFCompressor`, e.g.
     ``Compression.randomk(density=0.01)``; also ``Compression.from_spec(...)`` and
-    ``Compression.available()``.
-    """)
+    ``Compression.available()``; ``Compression.auto()`` picks per gradient
+    (:class:`~horovod_sparse.tensorflow.auto.TFAutoCompressor`).
+    """, auto_cls=TFAutoCompressor)

@@ -67,8 +67,7 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         super().__init__(algorithm, *(() if dense_below is None else (dense_below,)))
         self._keys = GradientKeys()
         self._agreed = False  # parameters checked across ranks (once, at the first compress)
-        self._token = None   # orders the exchanges inside tf.function
-        self._chain = GraphExchangeChain()  # orders them in a plain (TF1-style) graph
+        self._in_order = InOrderHostExchanges()
         self._recorded = []  # (key, gradient) compressed but not yet exchanged
         self._results = {}   # key -> (summed gradient tensor, shape, dtype)
 
@@ -106,22 +105,44 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         recorded, self._recorded = self._recorded, []
         layout = GradientLayout([(key, self.ops.shape(g), self.ops.dtype_name(g)) for key, g in recorded])
         sparsifier = self.pipeline_for(tuple(key for key, _ in recorded), layout)
+        summed = self._in_order.run(lambda buffer: sparsifier.step(buffer, tag=layout.tag), recorded, layout.n)
+        for entry, (key, g) in zip(layout.entries, recorded):
+            self._results[key] = (summed[entry.offset:entry.offset + entry.size], entry.shape, g.dtype)
+
+
+class InOrderHostExchanges:
+    """Host exchanges (``tf.numpy_function``), run in trace order on every rank.
+
+    TensorFlow may run independent ops in any order, but every rank must enter the collectives
+    in the same order: inside ``tf.function`` each exchange reads a shared token variable
+    before it runs and increments it after (automatic control dependencies then serialise
+    them); in a plain TF1-style graph each takes an input from the previous one's ``tf.cond``.
+
+        summed = InOrderHostExchanges().run(lambda flat: pipeline.step(flat), [(key, grad)], n)
+    """
+
+    def __init__(self):
+        self._token = None                  # orders the exchanges inside tf.function
+        self._chain = GraphExchangeChain()  # orders them in a plain (TF1-style) graph
+
+    def run(self, exchange, recorded, n):
+        """``exchange(flat)`` (numpy float32 in, ``n`` float32 out) of the gradients ``recorded``
+        (``[(key, tensor)]``) fused as float32, as a float32 tensor of shape ``[n]``."""
         flat = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for _, g in recorded], axis=0)
 
-        def exchange(buffer, *_order):
-            return sparsifier.step(buffer, tag=layout.tag)
+        def call(buffer, *_order):
+            return exchange(buffer)
 
         if in_graph_mode():  # no automatic control dependencies: chain the tf.conds by hand
-            summed = tf.numpy_function(exchange, [flat, *self._chain.after_previous()], tf.float32, stateful=True)
+            summed = tf.numpy_function(call, [flat, *self._chain.after_previous()], tf.float32, stateful=True)
             self._chain.traced(summed)
         else:
             token = self._token_variable()
-            summed = tf.numpy_function(exchange, [flat, token.read_value()], tf.float32, stateful=True)
+            summed = tf.numpy_function(call, [flat, token.read_value()], tf.float32, stateful=True)
             with tf.control_dependencies([summed]):
                 token.assign_add(1)
-        summed.set_shape([layout.n])
-        for entry, (key, g) in zip(layout.entries, recorded):
-            self._results[key] = (summed[entry.offset:entry.offset + entry.size], entry.shape, g.dtype)
+        summed.set_shape([n])
+        return summed
 
     def _token_variable(self):
         if self._token is None:

@@ -9,6 +9,7 @@
 Imports PyTorch (and Horovod's PyTorch ops) only.
 """
 from horovod_sparse.torch.compression import Compression, TorchCompressor
+from horovod_sparse.torch.auto import TorchAutoCompressor
 from horovod_sparse.torch.out_of_band import TorchOutOfBandCompressor
 
-__all__ = ["Compression", "TorchCompressor", "TorchOutOfBandCompressor"]
+__all__ = ["Compression", "TorchAutoCompressor", "TorchCompressor", "TorchOutOfBandCompressor"]

@@ -13,18 +13,13 @@ gradients can move between buckets (a new plan, a frozen layer) and keep their r
 import torch
 
 from horovod_sparse.agreement import agree_on_layout, raise_on_every_rank
-from horovod_sparse.layout import GradientLayout
+from horovod_sparse.layout import GradientLayout, key_order  # noqa: F401 (key_order: for the schedules)
 from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.layout_pipeline import LayoutPipeline
 
 FROZEN_WITH_GRADIENT = ("a frozen parameter (requires_grad False) has a non-zero gradient; frozen parameters "
                         "are not exchanged: zero their gradients (opt.zero_grad())")
 OPS = TorchOps()
-
-
-def key_order(key):
-    """Sort key of gradient keys: positions (ints) before names, each in order."""
-    return isinstance(key, str), key
 
 
 class Bucket:

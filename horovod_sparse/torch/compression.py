@@ -5,6 +5,7 @@ from horovod_sparse.catalogue import make_compression_namespace
 from horovod_sparse.in_band import InBandCompressorBase
 from horovod_sparse.horovod_frames import caller_gradient
 from horovod_sparse.ops.torch_ops import TorchOps
+from horovod_sparse.torch.auto import TorchAutoCompressor
 from horovod_sparse.torch.out_of_band import TorchOutOfBandCompressor
 
 
@@ -63,5 +64,6 @@ Compression = make_compression_namespace(
 
     Each attribute is a factory returning a new :class:`TorchCompressor`, e.g.
     ``Compression.randomk(density=0.01)``, ``Compression.fp16()``; also
-    ``Compression.from_spec("randomk:density=0.01")`` and ``Compression.available()``.
-    """)
+    ``Compression.from_spec("randomk:density=0.01")`` and ``Compression.available()``;
+    ``Compression.auto()`` picks per gradient (:class:`~horovod_sparse.torch.auto.TorchAutoCompressor`).
+    """, auto_cls=TorchAutoCompressor)

@@ -13,13 +13,11 @@
   (an exchange ends when its slowest rank does), median over repeats: the same numbers
   on every rank.
 """
-import statistics
-import time
-
 import numpy as np
 import torch
 
-from horovod_sparse.agreement import max_over_ranks
+from horovod_sparse.agreement import time_collective
+from horovod_sparse.schedule.arrivals import ArrivalTrace  # noqa: F401 (profiled here)
 from horovod_sparse.schedule.cost import CostModel, fit_simultaneity
 from horovod_sparse.torch.buckets import Bucket
 
@@ -28,88 +26,51 @@ FIRST_PROBE_BYTES = 64 * 1024
 PROBE_FACTOR = 4
 
 
-class ArrivalTrace:
-    """Arrival times of the gradients at ``compress``, step by step."""
-
-    def __init__(self):
-        self.steps = []      # [(arrivals [(key, t)], t of the step's first decompress)]
-        self._current = []
-
-    def arrived(self, key):
-        self._current.append((key, time.perf_counter()))
-
-    def end_step(self):
-        """The step's first ``decompress``: backward (and Horovod's synchronize) are over."""
-        self.steps.append((self._current, time.perf_counter()))
-        self._current = []
-
-    def backward_trace(self, keys):
-        """``(order, compute_times, tail_s)`` of the gradients ``keys``: their order in the
-        last step, the median seconds of backward before each (0 for the first: backward's
-        start is not seen) and from the last to the first ``decompress``."""
-        keep = set(keys)
-        profiled = self.steps[1:] or self.steps
-        order = [k for k, _ in profiled[-1][0] if k in keep]
-        gaps, tails = {k: [] for k in order}, []
-        for arrivals, end in profiled:
-            times = dict((k, t) for k, t in arrivals if k in keep)
-            if set(times) != keep:
-                continue
-            for previous, key in zip(order, order[1:]):
-                gaps[key].append(max(0.0, times[key] - times[previous]))
-            tails.append(max(0.0, end - max(times.values())))
-        compute = [0.0] + [statistics.median(gaps[k]) if gaps[k] else 0.0 for k in order[1:]]
-        return order, compute, (statistics.median(tails) if tails else 0.0)
-
-
-def probe_prefixes(sizes):
+def probe_prefixes(sizes, factor=PROBE_FACTOR):
     """Lengths of the prefixes of ``sizes`` (bytes, backward order) closest above each
-    geometric target from :data:`FIRST_PROBE_BYTES` (x :data:`PROBE_FACTOR`) to their sum."""
+    geometric target from :data:`FIRST_PROBE_BYTES` (x ``factor``) to their sum."""
     total, cumulative = sum(sizes), np.cumsum(sizes)
     ends, target = [], FIRST_PROBE_BYTES
     while target < total:
         ends.append(int(np.searchsorted(cumulative, target)) + 1)
-        target *= PROBE_FACTOR
+        target *= factor
     ends.append(len(sizes))
     return sorted(set(ends))
 
 
-def probe_lengths(n):
-    """Geometric buffer lengths (elements) from :data:`FIRST_PROBE_BYTES` (x
-    :data:`PROBE_FACTOR`) up to ``n``, and ``n``."""
+def probe_lengths(n, factor=PROBE_FACTOR):
+    """Geometric buffer lengths (elements) from :data:`FIRST_PROBE_BYTES` (x ``factor``) up
+    to ``n``, and ``n``."""
     lengths, m = [], FIRST_PROBE_BYTES // 4
     while m < n:
         lengths.append(m)
-        m *= PROBE_FACTOR
+        m *= factor
     return lengths + [n]
 
 
-def _timed(comm, run, repeats):
-    """Median over ``repeats`` (after one warm-up) of the slowest rank's seconds of ``run()``."""
-    times = []
-    for _ in range(repeats + 1):
-        comm.Barrier()
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(statistics.median(max_over_ranks(comm, times)[1:]))
-
-
-def fit_exchange_cost(algorithm, order, gradients, channels, name, repeats=3):
+def fit_exchange_cost(algorithm, order, gradients, channels, name, repeats=3, factor=PROBE_FACTOR,
+                      max_bytes=None):
     """Fit the cost of one bucket's exchange (see the module docstring).
 
     order: gradient keys in backward order; gradients: key -> tensor (copied, not changed);
-    channels: [(communicator, thread)] (one or two). Returns a dict with ``cost``
+    channels: [(communicator, thread)] (one or two); factor: between probe sizes (fewer
+    probes, a coarser fit); max_bytes: the largest probe (the line goes on beyond it; a
+    sparsifier's first step on a new buffer is an exact selection, seconds on 100 MB).
+    Returns a dict with ``cost``
     (:class:`CostModel`, a and b clamped at >= 0), ``r2``, ``points`` ([bytes, seconds]),
     and ``simultaneity`` (k2, or None with one channel), ``simultaneity_r2``.
     """
     sizes = [4 * gradients[k].numel() for k in order]
+    if max_bytes is not None:  # the gradients up to the largest probe, the one that crosses it included
+        order = order[:int(np.searchsorted(np.cumsum(sizes), max_bytes)) + 1]
+        sizes = sizes[:len(order)]
     if getattr(algorithm, "per_matrix", False):  # its cost depends on the shapes: whole gradients
         copies = {k: gradients[k].detach().clone() for k in order}
-        probes = [(order[:length], sum(sizes[:length])) for length in probe_prefixes(sizes)]
+        probes = [(order[:length], sum(sizes[:length])) for length in probe_prefixes(sizes, factor)]
     else:  # any size: the first m values of the step's gradients, as one buffer
         fused = torch.cat([gradients[k].detach().reshape(-1).float() for k in order])
-        lengths = probe_lengths(fused.numel())
+        n = fused.numel() if max_bytes is None else min(fused.numel(), max_bytes // 4)
+        lengths = probe_lengths(n, factor)
         copies = {f"(probe {m})": fused[:m].clone() for m in lengths}
         probes = [([f"(probe {m})"], 4 * m) for m in lengths]
 
@@ -122,7 +83,7 @@ def fit_exchange_cost(algorithm, order, gradients, channels, name, repeats=3):
     for keys, nbytes in probes:
         bucket, run = probe(keys, comm)
         buckets.append(bucket)
-        points.append([nbytes, _timed(comm, run, repeats)])
+        points.append([nbytes, time_collective(comm, run, repeats)])
     fit = {"points": points}
     if len(points) >= 2:
         line, fit["r2"] = CostModel.fit(*zip(*points))
@@ -140,7 +101,7 @@ def fit_exchange_cost(algorithm, order, gradients, channels, name, repeats=3):
                 futures = [thread.submit(run) for (_, thread), (_, run) in zip(channels, pair)]
                 for f in futures:
                     f.result()
-            together.append(_timed(comm, both, repeats))
+            together.append(time_collective(comm, both, repeats))
         try:
             fit["simultaneity"], fit["simultaneity_r2"] = fit_simultaneity(
                 [p[0] for p in points[-2:]], [p[1] for p in points[-2:]], together)

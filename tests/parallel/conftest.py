@@ -5,6 +5,8 @@ the ranks agree on the outcome with one small Allgather on a private communicato
 if the test failed on another rank, it fails here too, so rank 0's report shows
 every failure. Frameworks are imported by each group's own conftest.
 """
+import hashlib
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -55,3 +57,12 @@ def average_across_ranks(comm):
         comm.Allreduce(local, total)
         return total / comm.size
     return average
+
+
+@pytest.fixture(scope="session")
+def assert_same_text_across_ranks(assert_identical_across_ranks):
+    """A check that ``text`` (e.g. a plan, as repr) is the same on every rank: its SHA-256
+    compared bitwise (a digest has the same length everywhere, the text may not)."""
+    def check(text):
+        assert_identical_across_ranks(np.frombuffer(hashlib.sha256(str(text).encode()).digest(), np.uint8))
+    return check

@@ -207,3 +207,24 @@ def test_bench_help_reaches_the_driver():
 def test_the_console_script_is_declared():
     with open(os.path.join(ROOT, "setup.py")) as f:
         assert "horovod-sparse=horovod_sparse.cli:main" in f.read()
+
+
+def test_whatif_auto_prints_the_choice_per_gradient(json_trace, capsys):
+    argv = ["whatif", json_trace, "--auto", "fp16", "topk:density=0.01", "--workers", "8", "--bandwidth", "1", "100"]
+    assert cli.main(argv + ["--json"]) == 0
+    cells = {(c["workers"], c["gbps"]): c for c in json.loads(capsys.readouterr().out)}
+    slow, fast = cells[(8, 1.0)], cells[(8, 100.0)]
+    # 1 Gbit/s: the 4 MB weights are worth top-k (4 ms of codec against 7 ms each on the wire);
+    # 100 Gbit/s: they are not (0.07 ms each on the wire)
+    assert slow["choices"]["fc1.weight"] == slow["choices"]["fc2.weight"] == "topk:density=0.01"
+    assert all(c in ("none", "fp16") for c in fast["choices"].values())
+    assert slow["predicted_s"] > fast["predicted_s"] > 0
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "choice per gradient" in out and "fc1.weight" in out and "note:" not in out
+    assert cli.main(argv[:2] + ["--auto", "powersgd:rank=2", "--workers", "8", "--bandwidth", "1"]) == 0
+    assert "no codec cost for powersgd:rank=2" in capsys.readouterr().out
+
+
+def test_whatif_auto_refuses_a_candidate_the_guard_refuses(json_trace, capsys):
+    _fails(capsys, ["whatif", json_trace, "--auto", "qsgd"], "--auto: candidates: 'qsgd' has no error feedback")

@@ -1,0 +1,333 @@
+"""``Compression.auto`` over a run, shared by the frontends: the plan in effect, and the three
+phases that decide it, each switch at a step boundary on every rank.
+
+1. **profiling** (``profile_steps``): every gradient of at least ``dense_below`` elements goes
+   to the first out-of-band candidate (fp16 if there is none), as a fixed compressor would,
+   while the gradients' arrivals are timed (:class:`~horovod_sparse.schedule.arrivals.ArrivalTrace`).
+   At its last step the frontend fits the costs on the job's ranks (:meth:`AutoRuntime.fit_costs`),
+   rank 0 predicts every plan (:mod:`horovod_sparse.auto.decide`) and broadcasts the shortlist.
+2. **trying**: each shortlisted plan runs one warm-up step and ``trial_steps`` timed ones; one
+   ``Allreduce(MAX)`` of the periods, and every rank keeps the plan of the smallest median
+   (:class:`~horovod_sparse.schedule.trials.PlanTrials`, as ``schedule="auto"`` does).
+3. **settled**: every ``check_every`` steps one small ``Allreduce(MAX)`` re-checks the quality
+   guard (a gradient whose residual outgrows ``max_residual_ratio`` x its gradient moves to a
+   dense choice) and the step time (a window median more than ``drift`` away from the first
+   one after settling profiles and tries again, keeping the plan meanwhile).
+
+A gradient that leaves an out-of-band candidate takes its error-feedback residual along: the
+frontend takes its state out of the candidate (:meth:`AutoRuntime.take_out`) and adds the
+residual to its next gradient (:meth:`AutoRuntime.drained`); nothing is dropped. Other
+per-element state (momentum) starts afresh. ``report`` says what was measured, predicted and
+chosen, per gradient, and every re-plan.
+
+A frontend subclasses :class:`AutoRuntime`, runs each step's exchanges by :attr:`plan`, calls
+:meth:`start_step` and :meth:`end_step` around them, and implements the four hooks.
+"""
+import logging
+import statistics
+import time
+
+import numpy as np
+
+from horovod_sparse import registry
+from horovod_sparse.agreement import check_same_on_every_rank, max_over_ranks
+from horovod_sparse.auto.decide import (DEFAULT_CANDIDATES, DENSE_CHOICES, FP16, NONE, StepProfile,
+                                        check_candidates, guard_violations, make_plans, shortlist)
+from horovod_sparse.checks import check_nonnegative_int, check_positive_int, check_positive_number
+from horovod_sparse.layout import key_order
+from horovod_sparse.out_of_band import DEFAULT_DENSE_BELOW
+from horovod_sparse.schedule.arrivals import ArrivalTrace
+from horovod_sparse.schedule.cost import CostModel
+from horovod_sparse.schedule.trials import PlanTrials
+
+log = logging.getLogger("horovod_sparse.auto")
+#: per-element fields holding error feedback's residual (gradient mass not yet applied)
+RESIDUAL_FIELDS = ("memory_residual", "residual")
+#: default bound of the quality guard: residual norm / gradient norm (measured in docs/auto.md:
+#: top-k at 0.01 stays under 19 on both workloads, PowerSGD at rank 2 on ResNet-18 passes 30)
+DEFAULT_MAX_RESIDUAL_RATIO = 30.0
+
+
+class AutoRuntime:
+    """The plan, the phases and the state of one ``Compression.auto`` (see the module docstring).
+
+    Args: as ``Compression.auto`` (:class:`~horovod_sparse.torch.auto.TorchAutoCompressor`).
+
+    Attributes:
+        plan: ``{gradient key: choice}`` in effect, the same on every rank.
+        phase: ``"profiling"``, ``"trying"`` or ``"settled"``.
+        report: what was measured, predicted and chosen (the frontends' ``auto_report``).
+        algorithms: ``{spec: algorithm}`` of the out-of-band candidates, in their order.
+    """
+
+    #: how the frontend carries the dense choices: "horovod" (Horovod's allreduce as backward
+    #: produces the gradients, then the out-of-band exchanges) or "sequential" (every gradient
+    #: through the frontend's own exchanges, one after the other)
+    carried = "horovod"
+
+    def __init__(self, candidates=DEFAULT_CANDIDATES, dense_below=DEFAULT_DENSE_BELOW, min_density=0.01,
+                 min_rank=1, max_residual_ratio=DEFAULT_MAX_RESIDUAL_RATIO, profile_steps=3, trial_steps=3,
+                 max_trials=5, prune=1.5, drift=0.2, check_every=20):
+        self.min_density = check_positive_number("min_density", min_density)
+        self.min_rank = check_positive_int("min_rank", min_rank)
+        self.candidates = check_candidates(candidates, self.min_density, self.min_rank)
+        self.dense_below = check_nonnegative_int("dense_below", dense_below)
+        self.max_residual_ratio = check_positive_number("max_residual_ratio", max_residual_ratio)
+        self.profile_steps = check_positive_int("profile_steps", profile_steps)
+        if self.profile_steps < 2:
+            raise ValueError(f"profile_steps must be an integer in [2, 2147483647], got {profile_steps!r}")
+        self.trial_steps = check_positive_int("trial_steps", trial_steps)
+        self.max_trials = check_positive_int("max_trials", max_trials)
+        self.prune = check_positive_number("prune", prune)
+        if self.prune < 1:
+            raise ValueError(f"prune must be a number >= 1, got {prune!r}")
+        self.drift = check_positive_number("drift", drift)
+        self.check_every = check_positive_int("check_every", check_every)
+        self.algorithms = {spec: registry.create(spec) for spec in self.candidates if spec not in DENSE_CHOICES}
+        self.choices = [NONE, FP16] + list(self.algorithms)
+        # the plan; new keys get the profiling choice
+        self.plan = {}
+        self.phase = "profiling"
+        self.report = {"phase": self.phase, "chosen": None, "per_choice": {}, "replans": [], "guard": []}
+        self.drain = {}        # key -> residual (numpy) to add to its next gradient: it left a candidate
+        # measurements: arrivals while profiling, step periods while trying and settled
+        self.trace = ArrivalTrace()
+        self._trials = None
+        self._step_began = None
+        self._periods = []     # settled: this window's step periods
+        self._baseline = None  # settled: the first window's median (slowest rank)
+        self._settled_steps = 0
+        self.steps = 0         # steps ended (the report's step numbers)
+
+    @property
+    def profiling_choice(self):
+        """What a gradient gets before the plan: the first out-of-band candidate, else fp16."""
+        return next(iter(self.algorithms), FP16 if FP16 in self.candidates else NONE)
+
+    def choice_for(self, key, numel):
+        """The plan's choice for a float gradient of ``numel`` elements (a new key: the profiling
+        choice, or ``"none"`` under ``dense_below``)."""
+        return self.plan.setdefault(key, self.profiling_choice if numel >= self.dense_below else NONE)
+
+    # -- the frontend's hooks ----------------------------------------------------------------
+    def fit_costs(self, known, sizes):
+        """:class:`~horovod_sparse.auto.decide.Costs` measured on this job (collective)."""
+        raise NotImplementedError
+
+    def take_out(self, spec, keys):
+        """``{key: {field: numpy slice}}`` of ``keys``' state in candidate ``spec``, removed from it."""
+        raise NotImplementedError
+
+    def overlaps(self):
+        """Whether an exchange can run while backward goes on (the gradients are on a GPU)."""
+        raise NotImplementedError
+
+    def residual_ratios(self):
+        """``{key: residual norm / gradient norm}`` of this step's out-of-band gradients, this rank."""
+        raise NotImplementedError
+
+    def candidate_states(self):
+        """``{spec: state tree}`` of every candidate's gradients (numpy and numbers only)."""
+        raise NotImplementedError
+
+    def load_candidate_states(self, states):
+        raise NotImplementedError
+
+    # -- a step --------------------------------------------------------------------------------
+    def start_step(self, now=None):
+        """A step begins: the one before has ended, its period is known."""
+        now = time.perf_counter() if now is None else now
+        if self._step_began is not None:
+            if self._trials is not None:
+                self._trials.record(now - self._step_began)
+            elif self.phase == "settled":
+                self._periods.append(now - self._step_began)
+        self._step_began = now if self.phase != "profiling" else None
+
+    def drained(self, key):
+        """The residual a gradient left behind when its choice changed (numpy, flat), once; or None."""
+        return self.drain.pop(key, None)
+
+    def end_step(self, comm, sizes):
+        """The phase's bookkeeping after the step's exchanges; ``sizes``: ``{key: elements}`` of
+        the step's float gradients. Collective: every rank, the same step."""
+        self.steps += 1
+        if self.phase == "profiling":
+            self.trace.end_step()
+            if len(self.trace.steps) >= self.profile_steps:
+                self._make_plans(comm, sizes)
+        elif self.phase == "trying":
+            if self._trials.finished or self._trials.step_ran():
+                self._next_trial(comm)
+        else:
+            self._settled_steps += 1
+            if self._settled_steps % self.check_every == 0:
+                self._check(comm)
+
+    # -- 1. profile, predict, shortlist ------------------------------------------------------
+    def _make_plans(self, comm, sizes):
+        started = time.perf_counter()
+        known = sorted(sizes, key=key_order)
+        check_same_on_every_rank(";".join(f"{k}:{sizes[k]}" for k in known), comm, "gradients (names and sizes)")
+        costs = self.fit_costs(known, sizes)
+        shortlisted = None
+        if comm.Get_rank() == 0:
+            order, compute, tail = self.trace.backward_trace(known)
+            profile = StepProfile(tuple(order), tuple(sizes[k] for k in order), tuple(compute), tail,
+                                  overlap=self.overlaps())
+            plans = make_plans(profile, costs, self.candidates, self.dense_below)
+            shortlisted = shortlist(plans, profile, costs, self.prune, self.max_trials,
+                                    carried_by_horovod=self.carried == "horovod")
+            self.report["backward_s"] = profile.backward_end
+        shortlisted = self._broadcast(comm, shortlisted, known)
+        self.report.update(
+            phase="trying", chosen=None, profiled_steps=len(self.trace.steps),
+            profile_s=time.perf_counter() - started,
+            costs={"dense": [costs.dense.a, costs.dense.b],
+                   **{spec: [c.a, c.b] for spec, c in costs.candidates.items()}},
+            trials=[{"plan": name, "predicted_s": seconds, "measured_s": None,
+                     "per_choice": count_choices(plan)} for name, plan, seconds in shortlisted])
+        self.trace = ArrivalTrace()
+        self._trials = PlanTrials([(name, plan) for name, plan, _ in shortlisted], self.trial_steps)
+        self.phase = "trying"
+        self.adopt(shortlisted[0][1])
+
+    def _broadcast(self, comm, shortlisted, known):
+        """Rank 0's ``[(name, plan, predicted seconds)]`` on every rank: the plans as indices into
+        :attr:`choices` (int64), the names as UTF-8 bytes, the predictions as float64."""
+        mine = comm.Get_rank() == 0
+        names = "\n".join(name for name, _, _ in shortlisted).encode() if mine else b""
+        header = np.array([len(shortlisted), len(names)] if mine else [0, 0], dtype=np.int64)
+        comm.Bcast(header, root=0)
+        count, length = int(header[0]), int(header[1])
+        table = (np.array([[self.choices.index(plan[k]) for k in known] for _, plan, _ in shortlisted], np.int64)
+                 if mine else np.empty((count, len(known)), np.int64))
+        seconds = np.array([s for _, _, s in shortlisted], np.float64) if mine else np.empty(count, np.float64)
+        text = np.frombuffer(names, np.uint8).copy() if mine else np.empty(length, np.uint8)
+        for array in (table, seconds, text):
+            comm.Bcast(array, root=0)
+        return [(name, {k: self.choices[int(i)] for k, i in zip(known, row)}, float(s))
+                for name, row, s in zip(text.tobytes().decode().split("\n"), table, seconds)]
+
+    # -- 2. try -------------------------------------------------------------------------------
+    def _next_trial(self, comm):
+        trials, report = self._trials, self.report
+        if trials.finished:
+            best, timed = trials.decide(comm)
+            for row, steps in zip(report["trials"], timed):
+                row.update(measured_s=statistics.median(steps), steps_s=steps)
+            name, plan = trials.candidates[best]
+            self._trials = None
+            self.phase = "settled"
+            self._periods, self._baseline, self._settled_steps = [], None, 0
+            report.update(phase="settled", chosen=name, settled_at_step=self.steps)
+            if comm.Get_rank() == 0:
+                log.info("horovod_sparse auto chose %s: %s", name, report["trials"])
+        else:
+            plan = trials.candidates[trials.index][1]
+        started = time.perf_counter()
+        self.adopt(plan)
+        if self._step_began is not None:  # a switch is no part of the step's period
+            self._step_began += time.perf_counter() - started
+
+    def adopt(self, plan):
+        """Run ``plan`` (``{key: choice}``, all keys or some) from the next step on. A gradient
+        that leaves a candidate takes its residual along (:meth:`drained`)."""
+        for spec in self.algorithms:
+            leaving = [k for k, choice in self.plan.items() if choice == spec and plan.get(k, choice) != spec]
+            if not leaving:
+                continue
+            for key, fields in self.take_out(spec, leaving).items():
+                residual = next((fields[f] for f in RESIDUAL_FIELDS if f in fields), None)
+                if residual is not None:
+                    self.drain[key] = np.array(residual, dtype=np.float32, copy=True)
+        self.plan = {**self.plan, **plan}
+        self.report["per_choice"] = count_choices(self.plan)
+        self.report["plan"] = dict(self.plan)
+
+    # -- 3. settled: the guard and the drift ----------------------------------------------------
+    def _check(self, comm):
+        """Collective, every ``check_every`` settled steps: one Allreduce(MAX) of this window's
+        median step and every error-feedback gradient's residual ratio."""
+        ratios = self.residual_ratios()
+        keys = sorted(ratios, key=key_order)
+        window = statistics.median(self._periods) if self._periods else 0.0
+        slowest = max_over_ranks(comm, [window, len(keys)] + [ratios[k] for k in keys])
+        if int(slowest[1]) != len(keys):
+            raise ValueError("auto: the ranks' gradients differ (another set of error-feedback gradients "
+                             "on some rank); every rank must train the same parameters")
+        window, ratios = float(slowest[0]), dict(zip(keys, slowest[2:].tolist()))
+        self._periods = []
+        refused = guard_violations(ratios, self.max_residual_ratio)
+        if refused:
+            fallback = FP16 if FP16 in self.candidates else NONE
+            self.report["guard"].append({"step": self.steps, "moved_to": fallback,
+                                         "keys": refused, "ratios": [ratios[k] for k in refused]})
+            self.adopt({k: fallback for k in refused})
+            self._baseline = None  # another plan: its step time is the next window's
+            return
+        if self._baseline is None:
+            self._baseline = window
+        elif abs(window / self._baseline - 1) > self.drift:
+            self.report["replans"].append({"step": self.steps, "window_s": window, "baseline_s": self._baseline})
+            self.phase = self.report["phase"] = "profiling"
+            self.trace = ArrivalTrace()
+
+    # -- checkpointing -----------------------------------------------------------------------
+    def state_dict(self):
+        """The plan, the phase (with the trials so far), the residuals left behind and each
+        candidate's state by gradient key (:mod:`horovod_sparse.state_format`)."""
+        trials = None
+        if self._trials is not None:
+            trials = {"names": [n for n, _ in self._trials.candidates],
+                      "plans": [dict(p) for _, p in self._trials.candidates],
+                      "ran": self._trials.ran, "times": list(self._trials.times)}
+        return {"auto": {"phase": self.phase, "plan": dict(self.plan), "trials": trials,
+                         "chosen": self.report.get("chosen")},
+                "candidates": self.candidate_states(),
+                "drain": {key: r.copy() for key, r in self.drain.items()}}
+
+    def load_state_dict(self, state_dict):
+        """Restore :meth:`state_dict` (before the first step or between steps). A run saved while
+        profiling profiles again; one saved while trying goes on with the plans left to try."""
+        unknown = sorted(set(state_dict.get("candidates", {})) - set(self.algorithms))
+        if "auto" not in state_dict or unknown:
+            raise ValueError(f"auto: not the state of an auto compressor with candidates {self.candidates}"
+                             + (f" (it has {unknown})" if unknown else ""))
+        saved = state_dict["auto"]
+        self.load_candidate_states(state_dict.get("candidates", {}))
+        self.drain = {key: np.array(r, dtype=np.float32, copy=True) for key, r in state_dict.get("drain", {}).items()}
+        self.plan, self.phase = dict(saved["plan"]), saved["phase"]
+        self.trace, self._trials, self._step_began = ArrivalTrace(), None, None
+        self._periods, self._baseline, self._settled_steps = [], None, 0
+        if saved.get("trials") is not None:
+            t = saved["trials"]
+            self._trials = PlanTrials(list(zip(t["names"], [dict(p) for p in t["plans"]])), self.trial_steps)
+            self._trials.ran, self._trials.times = int(t["ran"]), [float(x) for x in t["times"]]
+        self.report.update(phase=self.phase, chosen=saved.get("chosen"), per_choice=count_choices(self.plan),
+                           plan=dict(self.plan))
+
+    def settings(self):
+        """The arguments, as text: every rank must pass the same."""
+        return (f"candidates={self.candidates}, dense_below={self.dense_below}, min_density={self.min_density}, "
+                f"min_rank={self.min_rank}, max_residual_ratio={self.max_residual_ratio}, "
+                f"profile_steps={self.profile_steps}, trial_steps={self.trial_steps}, max_trials={self.max_trials}, "
+                f"prune={self.prune}, drift={self.drift}, check_every={self.check_every}")
+
+
+def fit_line(points):
+    """A :class:`CostModel` through ``[(bytes, seconds)]``, clamped at >= 0; through one size
+    alone, proportional to the bytes (a constant would make a whole model as cheap as its
+    first gradient)."""
+    if len({p[0] for p in points}) < 2:
+        return CostModel(0.0, points[0][1] / max(points[0][0], 1))
+    line, _ = CostModel.fit(*zip(*points))
+    return CostModel(max(line.a, 0.0), max(line.b, 0.0))
+
+
+def count_choices(plan):
+    """``{choice: number of gradients}`` of a plan."""
+    out = {}
+    for choice in plan.values():
+        out[choice] = out.get(choice, 0) + 1
+    return out

@@ -1,0 +1,127 @@
+"""``Compression.auto()`` for TensorFlow: per gradient, fp32, fp16 or one out-of-band candidate,
+decided on the user's own job by measurement, behind ``hvd.DistributedGradientTape`` and the
+Keras ``DistributedOptimizer``. How it decides: :mod:`horovod_sparse.auto.runtime`; where it
+exchanges: :mod:`horovod_sparse.auto.host`.
+
+Horovod traces ``compress`` once per gradient, so what Horovod's allreduce carries is fixed
+at trace time: here it carries the gradients under ``dense_below`` elements (and non-float
+ones) as they are, and a one-element probe for the others, whose exchange runs in one
+``tf.numpy_function`` per Horovod exchange (one gradient, or one group with ``groups=``),
+chained in trace order as :class:`~horovod_sparse.tensorflow.out_of_band.TFOutOfBandCompressor`
+chains its own. Inside it the plan of the step applies, gradient by gradient, and can change
+between steps without a new trace.
+"""
+import tensorflow as tf
+from horovod.tensorflow.compression import Compressor as HorovodCompressor
+from horovod.tensorflow.mpi_ops import Adasum
+
+from horovod_sparse.agreement import check_same_on_every_rank, communicator_of
+from horovod_sparse.auto.host import HostAutoRuntime
+from horovod_sparse.horovod_frames import check_caller
+from horovod_sparse.layout import GradientLayout
+from horovod_sparse.ops.tf_ops import TFOps
+from horovod_sparse.tensorflow.construction import refuse_inside_trace
+from horovod_sparse.tensorflow.gradient_keys import GradientKeys
+from horovod_sparse.tensorflow.out_of_band import InOrderHostExchanges
+
+
+class _Auto:
+    """What the trace-position keys and the inside-a-trace refusal name this compressor by."""
+    name, stateful = "auto", True
+
+
+class TFAutoCompressor(HorovodCompressor):
+    """A ``horovod.tensorflow.compression.Compressor`` that picks, per gradient, what to compress and how.
+
+    Args: as :class:`~horovod_sparse.torch.auto.TorchAutoCompressor` (``candidates``,
+    ``dense_below``, the guard's ``min_density``, ``min_rank``, ``max_residual_ratio``, and
+    ``profile_steps``, ``trial_steps``, ``max_trials``, ``prune``, ``drift``, ``check_every``).
+
+    Gradients are keyed as in :class:`~horovod_sparse.tensorflow.TFCompressor` (the variable's
+    name under Horovod's gradient allreduce). Create it outside the traced step; every rank
+    checks at the first ``compress`` that all passed the same settings. ``auto_report``,
+    ``plan``, ``state_dict()`` and ``load_state_dict()`` as in PyTorch.
+
+    Example::
+
+        compression = hvds.Compression.auto()
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+    """
+
+    ops = TFOps()
+
+    def __init__(self, *args, **kwargs):
+        refuse_inside_trace(_Auto)
+        self.runtime = HostAutoRuntime(*args, **kwargs)
+        self._keys = GradientKeys()
+        self._agreed = False
+        self._in_order = InOrderHostExchanges()
+        self._recorded = []                 # (key, gradient) compressed, not yet exchanged
+        self._results = {}                  # key -> (summed tensor, shape, dtype)
+
+    @property
+    def auto_report(self):
+        """What was measured, predicted and chosen (see the PyTorch compressor's)."""
+        return self.runtime.report
+
+    @property
+    def plan(self):
+        return self.runtime.plan
+
+    @property
+    def phase(self):
+        return self.runtime.phase
+
+    def compress(self, tensor, name=None):
+        check_caller("auto", Adasum)
+        if not self._agreed:
+            self._agree_across_ranks()
+            self._agreed = True
+        key = self._keys.of(tensor, _Auto, name)
+        if not tensor.dtype.is_floating or self.ops.numel(tensor) < self.runtime.dense_below:
+            return tensor, ("dense", None)
+        self._recorded.append((key, tensor))
+        self.runtime.on_gpu = self.runtime.on_gpu or "GPU" in (tensor.device or "").upper()
+        return tf.ones([1], tf.float32), ("auto", key)
+
+    def decompress(self, tensor, ctx):
+        kind, key = ctx
+        if kind == "dense":
+            return tensor
+        if key not in self._results:
+            self._exchange_recorded()
+        summed, shape, dtype = self._results.pop(key)
+        return tf.cast(tf.reshape(summed * (tensor[0] / float(self.world_size)), shape), dtype)
+
+    @property
+    def world_size(self):
+        """P: a property, so that AutoGraph sees no call of mpi4py's while converting ``decompress``."""
+        return communicator_of(None).Get_size()
+
+    # Trace-time Python (a collective on a private communicator): autograph must not convert it.
+    @tf.autograph.experimental.do_not_convert
+    def _agree_across_ranks(self):
+        check_same_on_every_rank(self.runtime.settings(), communicator_of(None), "auto settings")
+
+    def _exchange_recorded(self):
+        recorded, self._recorded = self._recorded, []
+        keys = tuple(key for key, _ in recorded)
+        layout = GradientLayout([(key, self.ops.shape(g), self.ops.dtype_name(g)) for key, g in recorded])
+        runtime = self.runtime
+        summed = self._in_order.run(lambda buffer: runtime.exchange(keys, layout, buffer), recorded, layout.n)
+        for entry, (key, g) in zip(layout.entries, recorded):
+            self._results[key] = (summed[entry.offset:entry.offset + entry.size], entry.shape, g.dtype)
+
+    # -- checkpointing -------------------------------------------------------------------------
+    def state_dict(self):
+        """The plan, the phase and every candidate's state by gradient (numpy and numbers)."""
+        return self.runtime.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.runtime.load_state_dict(state_dict)
+
+    def close(self):
+        self.runtime.close()
+
+    def __repr__(self):
+        return f"TFAutoCompressor({self.runtime.settings()})"

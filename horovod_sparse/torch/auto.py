@@ -1,0 +1,205 @@
+"""``Compression.auto()`` for PyTorch: per gradient, Horovod's allreduce (fp32 or fp16) or one
+out-of-band candidate, decided on the user's own job by measurement, behind the stock
+``hvd.DistributedOptimizer``. How it decides: :mod:`horovod_sparse.auto.runtime`.
+
+Each step:
+
+1. ``compress`` looks the gradient's choice up in the plan. A dense choice goes to Horovod's
+   allreduce as Horovod's own ``none`` or ``fp16`` compressor would send it; an out-of-band
+   one is recorded and Horovod carries a one-element probe (as
+   :class:`~horovod_sparse.torch.out_of_band.TorchOutOfBandCompressor` does). A residual the
+   gradient left behind in a change of plan is added to it first.
+2. The step's first ``decompress`` exchanges each candidate's gradients as one fused bucket
+   (:class:`~horovod_sparse.torch.buckets.Bucket`), then lets the runtime do its phase's
+   bookkeeping (collective: every rank, the same step).
+3. Each ``decompress`` returns Horovod's result (dense) or writes its part of its bucket's sum.
+"""
+import horovod.torch as hvd
+import numpy as np
+import torch
+from horovod.torch.compression import Compressor as HorovodCompressor
+from horovod.torch.compression import FP16Compressor, NoneCompressor
+from horovod.torch.optimizer import _DistributedAdasumOptimizer
+
+from horovod_sparse.agreement import check_same_on_every_rank, communicator_of, time_collective
+from horovod_sparse.auto.decide import DENSE_CHOICES, FP16, NONE, Costs
+from horovod_sparse.auto.runtime import RESIDUAL_FIELDS, AutoRuntime, fit_line
+from horovod_sparse.horovod_frames import caller_gradient, caller_process_set, check_caller
+from horovod_sparse.layout import key_order
+from horovod_sparse.torch.buckets import Bucket
+from horovod_sparse.torch.profiling import fit_exchange_cost, probe_lengths
+
+#: largest exchange (elements) timed to fit a cost; larger ones follow the line
+PROBE_ELEMENTS = 1 << 22
+#: largest Horovod allreduce timed (4 MB: 34 ms at 1 Gbit/s); the link's line goes on
+DENSE_PROBE_ELEMENTS = 1 << 20
+#: between the sizes probed: a coarse line is enough to rank the plans the trials then measure
+PROBE_FACTOR = 16
+
+
+class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
+    """A ``horovod.torch.compression.Compressor`` that picks, per gradient, what to compress and how.
+
+    Args:
+        candidates: spec strings: ``"none"``, ``"fp16"`` and out-of-band compressors with error
+            feedback (default ``("fp16", "topk:density=0.01", "powersgd:rank=2")``; Horovod's
+            fp32 allreduce is always a choice).
+        dense_below: gradients with fewer elements (and non-float ones) stay fp32 dense.
+        min_density, min_rank: the quality guard's floors for sparsifier and PowerSGD candidates.
+        max_residual_ratio: the guard's bound on a gradient's residual norm over its norm.
+        profile_steps: steps profiled before the plans are predicted (>= 2; the first is warm-up).
+        trial_steps: timed steps per shortlisted plan (after one warm-up step).
+        max_trials: plans tried at most; prune: plans predicted slower than prune x the best
+            are not tried.
+        drift: relative change of the settled step time that makes it plan again.
+        check_every: steps between the settled checks (guard and drift).
+
+    ``auto_report`` says what was measured, predicted and chosen; ``plan`` is the choice per
+    parameter name; ``state_dict()`` holds both and every candidate's residuals (rank-0
+    checkpoints: :mod:`horovod_sparse.checkpoint`). Use one instance per optimizer.
+
+    Example::
+
+        compression = hvds.Compression.auto()
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=compression)
+        ...
+        print(compression.auto_report["chosen"], compression.auto_report["per_choice"])
+    """
+
+    carried = "horovod"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.buckets = {spec: Bucket(algorithm) for spec, algorithm in self.algorithms.items()}
+        self._horovod = {NONE: NoneCompressor, FP16: FP16Compressor}
+        self._comm = None
+        self._process_set = None
+        # this step, as compress hands it over
+        self._position, self._step_finished = 0, True
+        self._gradients = {}   # key -> every float gradient of the step (sizes, the guard)
+        self._recorded = {spec: {} for spec in self.algorithms}
+        self._frozen = {spec: {} for spec in self.algorithms}
+        self._sums = None      # {spec: StepSum}, once the step's exchanges ran
+
+    @property
+    def auto_report(self):
+        """What was measured, predicted and chosen: ``phase``, ``chosen`` (the plan's name),
+        ``per_choice`` (gradients per choice), ``plan``, ``trials`` (each plan's predicted and
+        measured seconds), ``costs`` (fitted a, b), ``replans`` and ``guard`` (what moved, when, why)."""
+        return self.report
+
+    # -- Horovod's interface ------------------------------------------------------------
+    def compress(self, tensor):
+        if self._comm is None:
+            check_caller("auto", hvd.Adasum, _DistributedAdasumOptimizer._allreduce_grad_async.__code__,
+                         process_sets=True)
+            self._process_set = caller_process_set()
+            self._comm = communicator_of(self._process_set)
+            check_same_on_every_rank(self.settings(), self._comm, "auto settings")
+        if self._step_finished:
+            self._start_step()
+        name, parameter = caller_gradient(tensor)
+        key = self._position if name is None else name
+        self._position += 1
+        if not tensor.dtype.is_floating_point:
+            return tensor, (NONE, None)
+        choice = self.choice_for(key, tensor.numel())
+        if self.phase == "profiling":
+            self.trace.arrived(key)
+        frozen = parameter is not None and not parameter.requires_grad
+        if not frozen:
+            residual = self.drained(key)
+            if residual is not None:  # left behind by a change of plan: nothing is dropped
+                tensor = tensor + torch.from_numpy(residual).to(tensor.device, tensor.dtype).view(tensor.shape)
+        self._gradients[key] = tensor
+        if choice in DENSE_CHOICES:
+            payload, ctx = self._horovod[choice].compress(tensor)
+            return payload, (choice, ctx)
+        (self._frozen if frozen else self._recorded)[choice][key] = tensor
+        return torch.ones(1, dtype=torch.float32, device=tensor.device), (choice, key)
+
+    def decompress(self, tensor, ctx):
+        self._step_finished = True
+        if ctx is None:  # a sparse gradient (nn.Embedding(sparse=True)) Horovod allgathered
+            return tensor
+        if self._sums is None:
+            self._end_step()
+        choice, info = ctx
+        if choice in DENSE_CHOICES:
+            return self._horovod[choice].decompress(tensor, info)
+        return self._sums[choice].write(info, float(tensor.item()) / self._comm.Get_size())
+
+    def _start_step(self):
+        self._position, self._step_finished, self._sums = 0, False, None
+        self._gradients = {}
+        self._recorded = {spec: {} for spec in self.algorithms}
+        self._frozen = {spec: {} for spec in self.algorithms}
+        self.start_step()
+
+    def _end_step(self):
+        """The step's out-of-band exchanges, one bucket per candidate in use, then the runtime's
+        bookkeeping. Collective: every rank calls it at its first ``decompress`` of the step."""
+        self._sums = {}
+        in_use = set(self.plan.values())
+        for spec, bucket in self.buckets.items():  # the same order on every rank
+            if spec in in_use:
+                self._sums[spec] = bucket.exchange(self._recorded[spec], self._frozen[spec], self._comm, spec)
+        self.end_step(self._comm, {k: g.numel() for k, g in self._gradients.items()})
+
+    # -- the runtime's hooks ----------------------------------------------------------------
+    def fit_costs(self, known, sizes):
+        """Horovod's allreduce at a few sizes, each candidate's bucket on copies of the step's
+        gradients (:func:`~horovod_sparse.torch.profiling.fit_exchange_cost`); slowest rank's times."""
+        comm = self._comm
+        process_set = hvd.global_process_set if self._process_set is None else self._process_set
+        device = self._gradients[known[0]].device
+        points = []
+        for m in probe_lengths(min(sum(sizes.values()), DENSE_PROBE_ELEMENTS), PROBE_FACTOR):
+            buffer = torch.zeros(m, dtype=torch.float32, device=device)
+            run = (lambda b=buffer, m=m: hvd.allreduce(b, op=hvd.Sum, name=f"horovod_sparse.auto.probe.{m}",
+                                                       process_set=process_set))
+            points.append((4 * m, time_collective(comm, run, repeats=2)))
+        fitted = {spec: fit_line(fit_exchange_cost(algorithm, known, self._gradients, [(comm, None)], spec,
+                                                   repeats=1, factor=PROBE_FACTOR,
+                                                   max_bytes=4 * PROBE_ELEMENTS)["points"])
+                  for spec, algorithm in self.algorithms.items()}
+        return Costs(dense=fit_line(points), candidates=fitted)
+
+    def take_out(self, spec, keys):
+        return self.buckets[spec].pipelines.take_out(keys)
+
+    def overlaps(self):
+        return next(iter(self._gradients.values())).device.type != "cpu"
+
+    def residual_ratios(self):
+        out = {}
+        for spec, bucket in self.buckets.items():
+            if not self._recorded[spec]:
+                continue
+            slices = bucket.pipelines.state_dict()
+            for key in sorted(self._recorded[spec], key=key_order):
+                residual = next((slices[key][f] for f in RESIDUAL_FIELDS if f in slices.get(key, {})), None)
+                if residual is not None:
+                    norm = float(self._gradients[key].detach().float().norm())
+                    out[key] = float(np.linalg.norm(residual)) / max(norm, 1e-30)
+        return out
+
+    def candidate_states(self):
+        return {spec: bucket.pipelines.state_dict() for spec, bucket in self.buckets.items()}
+
+    def load_candidate_states(self, states):
+        for spec, bucket in self.buckets.items():
+            bucket.pipelines.load_state_dict(states.get(spec, {}))
+
+    # -- accounting ---------------------------------------------------------------------------
+    @property
+    def pipelines(self):
+        return {spec: (b.layout, b.pipeline) for spec, b in self.buckets.items() if b.pipeline is not None}
+
+    def close(self):
+        for bucket in self.buckets.values():
+            bucket.close()
+
+    def __repr__(self):
+        return f"TorchAutoCompressor({self.settings()})"
