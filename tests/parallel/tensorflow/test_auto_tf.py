@@ -23,6 +23,7 @@ from horovod_sparse import checkpoint
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.layout_pipeline import cut
 
+
 DENSE_BELOW = 100  # the kernels (2560, 1600, 160 elements) are the plan's; the biases stay Horovod's
 CANDIDATES = ("fp16", "topk:density=0.05", "oktopk:density=0.05")
 
@@ -174,13 +175,15 @@ def test_every_step_equals_the_per_gradient_oracle_through_trials_and_the_guard(
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("saved_at, phase", [(3, "trying"), (12, "settled")])
-def test_a_rank0_checkpoint_resumes_bit_for_bit(saved_at, phase, assert_identical_across_ranks):
+def test_a_rank0_checkpoint_resumes_bit_for_bit(saved_at, phase, assert_identical_across_ranks,
+                                               assert_resumed_like_uninterrupted, assert_same_state):
     model, compression = make_model(), auto()
     step, _ = trainer(model, compression)
     for s in range(saved_at):
         step(*batch(s))
     weights = [v.numpy().copy() for v in model.variables]
     saved = checkpoint.gather_state(compression)
+    mine = compression.state_dict()
     assert compression.phase == phase
     for s in range(saved_at, saved_at + 3):
         step(*batch(s))
@@ -192,11 +195,12 @@ def test_a_rank0_checkpoint_resumes_bit_for_bit(saved_at, phase, assert_identica
     again = auto()
     checkpoint.scatter_state(again, saved if hvd.rank() == 0 else None)
     assert again.phase == phase
+    assert_same_state(again.state_dict(), mine)
     step, _ = trainer(model, again)
     for s in range(saved_at, saved_at + 3):
         step(*batch(s))
     again.close()
-    np.testing.assert_array_equal(flat(model), expected)
+    assert_resumed_like_uninterrupted(flat(model), expected)
     assert_identical_across_ranks(flat(model))
 
 

@@ -179,14 +179,16 @@ def state_after(model, opt, compression, steps):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("saved_at, phase", [(3, "trying"), (12, "settled")])
 def test_a_rank0_checkpoint_resumes_bit_for_bit_while_trying_and_settled(saved_at, phase,
-                                                                         assert_identical_across_ranks):
-    """Train; save (gather_state on rank 0) at ``saved_at``; go on 3 steps. A new model,
-    optimizer and compressor resumed from it (scatter_state) give the same parameters bit for
-    bit after the same 3 steps: the plans those steps run are the saved ones (trying: the
-    rest of the same trials, in order)."""
+                                                                         assert_identical_across_ranks,
+                                                                         assert_resumed_like_uninterrupted, assert_same_state):
+    """Train; save (gather_state on rank 0) at ``saved_at``; go on 3 steps. A new compressor
+    resumed from it (scatter_state) holds every rank's state bit for bit, runs the saved plans
+    (trying: the rest of the same trials, in order), and with a new model and optimizer gives
+    the parameters of the uninterrupted run after the same 3 steps (bit for bit at P = 2)."""
     model, compression = five_layers(), auto()
     opt = distributed(model, compression)
     saved = state_after(model, opt, compression, saved_at)
+    mine = copy.deepcopy(compression.state_dict())
     assert compression.phase == phase
     plans = []
     for step in range(saved_at, saved_at + 3):
@@ -200,11 +202,12 @@ def test_a_rank0_checkpoint_resumes_bit_for_bit_while_trying_and_settled(saved_a
     opt.load_state_dict(saved[1])
     checkpoint.scatter_state(again, saved[2] if hvd.rank() == 0 else None)
     assert again.phase == phase
+    assert_same_state(again.state_dict(), mine)
     for i, step in enumerate(range(saved_at, saved_at + 3)):
         assert again.plan == plans[i]
         train_step(resumed, opt, step)
     again.close()
-    np.testing.assert_array_equal(flat(resumed), flat(model))
+    assert_resumed_like_uninterrupted(flat(resumed), flat(model))
     assert_identical_across_ranks(flat(resumed))
 
 
