@@ -126,8 +126,7 @@ def make_plans(profile, costs, candidates, dense_below):
     out_of_band = [c for c in candidates if c not in DENSE_CHOICES]
 
     def plan(take, choice, carrier):
-        return {k: choice if take(k) and sizes[k] >= dense_below else carrier if sizes[k] >= dense_below else NONE
-                for k in keys}
+        return {k: NONE if sizes[k] < dense_below else choice if take(k) else carrier for k in keys}
 
     plans = {NONE: {k: NONE for k in keys}}
     if FP16 in candidates:

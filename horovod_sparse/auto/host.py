@@ -24,7 +24,7 @@ import numpy as np
 
 from horovod_sparse.agreement import agree_on_layout, communicator_of, time_collective
 from horovod_sparse.auto.decide import FP16, NONE, Costs
-from horovod_sparse.auto.runtime import RESIDUAL_FIELDS, AutoRuntime, fit_line
+from horovod_sparse.auto.runtime import AutoRuntime, fit_line
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.layout_pipeline import LayoutPipeline
 
@@ -152,17 +152,14 @@ class HostAutoRuntime(AutoRuntime):
             out.update({k: states.pop(k) for k in keys if k in states})
         return out
 
-    def residual_ratios(self):
+    def checked_gradients(self):
         out = {}
-        for spec, pipelines in self.pipelines.items():
+        for pipelines in self.pipelines.values():
             for pipeline in pipelines.values():
-                if pipeline.layout is None:
-                    continue
-                state = pipeline.state_dict()
-                for entry in pipeline.layout.entries:
-                    residual = next((state[entry.key][f] for f in RESIDUAL_FIELDS if f in state[entry.key]), None)
-                    if residual is not None and entry.key in self._norms:
-                        out[entry.key] = float(np.linalg.norm(residual)) / max(self._norms[entry.key], 1e-30)
+                if pipeline.layout is not None:
+                    state = pipeline.state_dict()
+                    out.update({e.key: (state[e.key], self._norms[e.key])
+                                for e in pipeline.layout.entries if e.key in self._norms})
         return out
 
     def candidate_states(self):

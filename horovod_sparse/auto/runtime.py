@@ -122,8 +122,9 @@ class AutoRuntime:
         """Whether an exchange can run while backward goes on (the gradients are on a GPU)."""
         raise NotImplementedError
 
-    def residual_ratios(self):
-        """``{key: residual norm / gradient norm}`` of this step's out-of-band gradients, this rank."""
+    def checked_gradients(self):
+        """``{key: (its state slices in its candidate, its gradient's norm)}`` of this step's
+        out-of-band gradients, this rank (the guard's inputs)."""
         raise NotImplementedError
 
     def candidate_states(self):
@@ -238,7 +239,7 @@ class AutoRuntime:
             if not leaving:
                 continue
             for key, fields in self.take_out(spec, leaving).items():
-                residual = next((fields[f] for f in RESIDUAL_FIELDS if f in fields), None)
+                residual = residual_of(fields)
                 if residual is not None:
                     self.drain[key] = np.array(residual, dtype=np.float32, copy=True)
         self.plan = {**self.plan, **plan}
@@ -249,7 +250,8 @@ class AutoRuntime:
     def _check(self, comm):
         """Collective, every ``check_every`` settled steps: one Allreduce(MAX) of this window's
         median step and every error-feedback gradient's residual ratio."""
-        ratios = self.residual_ratios()
+        ratios = {key: float(np.linalg.norm(residual_of(fields))) / max(norm, 1e-30)
+                  for key, (fields, norm) in self.checked_gradients().items() if residual_of(fields) is not None}
         keys = sorted(ratios, key=key_order)
         window = statistics.median(self._periods) if self._periods else 0.0
         slowest = max_over_ranks(comm, [window, len(keys)] + [ratios[k] for k in keys])
@@ -313,6 +315,11 @@ class AutoRuntime:
                 f"min_rank={self.min_rank}, max_residual_ratio={self.max_residual_ratio}, "
                 f"profile_steps={self.profile_steps}, trial_steps={self.trial_steps}, max_trials={self.max_trials}, "
                 f"prune={self.prune}, drift={self.drift}, check_every={self.check_every}")
+
+
+def residual_of(fields):
+    """Error feedback's residual among a gradient's state slices (``{field: array}``), or None."""
+    return next((fields[f] for f in RESIDUAL_FIELDS if f in fields), None)
 
 
 def fit_line(points):

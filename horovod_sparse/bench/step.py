@@ -308,23 +308,26 @@ class Bench:
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0),
                                            named_parameters=model.named_parameters(),
                                            compression=compression)
-            # Compression.auto decides in its first steps (profiling, trials): those are warm-up
-            # too, so that the timed steps are its settled plan's (the same phase on every rank)
-            warmup, settling = args.warmup, getattr(compression, "phase", "settled") != "settled"
-            i = 0
-            while i < warmup + args.steps:
-                if settling and i == warmup and compression.phase != "settled" and warmup < MAX_SETTLING_STEPS:
-                    warmup += 1
+
+            def step():
+                """One step: (forward + backward seconds, opt.step() seconds)."""
                 self.comm.Barrier()    # every step starts together; not timed
                 t0 = time.perf_counter()
                 opt.zero_grad()
                 loss().backward()                 # Horovod's hooks call compress here
                 t1 = time.perf_counter()
                 opt.step()                        # synchronize(): exchanges, decompress, SGD
-                t2 = time.perf_counter()
-                if i >= warmup:
-                    times.append((t1 - t0, t2 - t1))
-                i += 1
+                return t1 - t0, time.perf_counter() - t1
+
+            for _ in range(args.warmup):
+                step()
+            # Compression.auto decides in its first steps (profiling, trials): those are warm-up
+            # too, so that the timed steps are its settled plan's (the same phase on every rank)
+            for _ in range(args.warmup, MAX_SETTLING_STEPS):
+                if getattr(compression, "phase", "settled") == "settled":
+                    break
+                step()
+            times = [step() for _ in range(args.steps)]
             digest = self.params_digest(model)
             self.auto_choice = auto_summary(compression)
             per_step = getattr(compression, "bytes_sent_per_step", None)

@@ -108,9 +108,8 @@ class TFAutoCompressor(HorovodCompressor):
         keys = tuple(key for key, _ in recorded)
         layout = GradientLayout([(key, self.ops.shape(g), self.ops.dtype_name(g)) for key, g in recorded])
         runtime = self.runtime
-        summed = self._in_order.run(lambda buffer: runtime.exchange(keys, layout, buffer), recorded, layout.n)
-        for entry, (key, g) in zip(layout.entries, recorded):
-            self._results[key] = (summed[entry.offset:entry.offset + entry.size], entry.shape, g.dtype)
+        self._results.update(self._in_order.run(lambda buffer: runtime.exchange(keys, layout, buffer),
+                                                recorded, layout))
 
     # -- checkpointing -------------------------------------------------------------------------
     def state_dict(self):

@@ -105,9 +105,8 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         recorded, self._recorded = self._recorded, []
         layout = GradientLayout([(key, self.ops.shape(g), self.ops.dtype_name(g)) for key, g in recorded])
         sparsifier = self.pipeline_for(tuple(key for key, _ in recorded), layout)
-        summed = self._in_order.run(lambda buffer: sparsifier.step(buffer, tag=layout.tag), recorded, layout.n)
-        for entry, (key, g) in zip(layout.entries, recorded):
-            self._results[key] = (summed[entry.offset:entry.offset + entry.size], entry.shape, g.dtype)
+        self._results.update(self._in_order.run(lambda buffer: sparsifier.step(buffer, tag=layout.tag),
+                                                recorded, layout))
 
 
 class InOrderHostExchanges:
@@ -118,16 +117,18 @@ class InOrderHostExchanges:
     before it runs and increments it after (automatic control dependencies then serialise
     them); in a plain TF1-style graph each takes an input from the previous one's ``tf.cond``.
 
-        summed = InOrderHostExchanges().run(lambda flat: pipeline.step(flat), [(key, grad)], n)
+        parts = InOrderHostExchanges().run(lambda flat: pipeline.step(flat), [(key, grad)], layout)
+        part, shape, dtype = parts[key]     # the gradient's part of the float32 sum
     """
 
     def __init__(self):
         self._token = None                  # orders the exchanges inside tf.function
         self._chain = GraphExchangeChain()  # orders them in a plain (TF1-style) graph
 
-    def run(self, exchange, recorded, n):
-        """``exchange(flat)`` (numpy float32 in, ``n`` float32 out) of the gradients ``recorded``
-        (``[(key, tensor)]``) fused as float32, as a float32 tensor of shape ``[n]``."""
+    def run(self, exchange, recorded, layout):
+        """``exchange(flat)`` (numpy float32 in and out, ``layout.n`` values) of the gradients
+        ``recorded`` (``[(key, tensor)]``, laid out by ``layout``) fused as float32; returns
+        ``{key: (its part of the result, its shape, its dtype)}``."""
         flat = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for _, g in recorded], axis=0)
 
         def call(buffer, *_order):
@@ -141,8 +142,9 @@ class InOrderHostExchanges:
             summed = tf.numpy_function(call, [flat, token.read_value()], tf.float32, stateful=True)
             with tf.control_dependencies([summed]):
                 token.assign_add(1)
-        summed.set_shape([n])
-        return summed
+        summed.set_shape([layout.n])
+        return {key: (summed[entry.offset:entry.offset + entry.size], entry.shape, g.dtype)
+                for entry, (key, g) in zip(layout.entries, recorded)}
 
     def _token_variable(self):
         if self._token is None:

@@ -15,7 +15,6 @@ Each step:
 3. Each ``decompress`` returns Horovod's result (dense) or writes its part of its bucket's sum.
 """
 import horovod.torch as hvd
-import numpy as np
 import torch
 from horovod.torch.compression import Compressor as HorovodCompressor
 from horovod.torch.compression import FP16Compressor, NoneCompressor
@@ -23,9 +22,8 @@ from horovod.torch.optimizer import _DistributedAdasumOptimizer
 
 from horovod_sparse.agreement import check_same_on_every_rank, communicator_of, time_collective
 from horovod_sparse.auto.decide import DENSE_CHOICES, FP16, NONE, Costs
-from horovod_sparse.auto.runtime import RESIDUAL_FIELDS, AutoRuntime, fit_line
+from horovod_sparse.auto.runtime import AutoRuntime, fit_line
 from horovod_sparse.horovod_frames import caller_gradient, caller_process_set, check_caller
-from horovod_sparse.layout import key_order
 from horovod_sparse.torch.buckets import Bucket
 from horovod_sparse.torch.profiling import fit_exchange_cost, probe_lengths
 
@@ -172,17 +170,13 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
     def overlaps(self):
         return next(iter(self._gradients.values())).device.type != "cpu"
 
-    def residual_ratios(self):
+    def checked_gradients(self):
         out = {}
         for spec, bucket in self.buckets.items():
-            if not self._recorded[spec]:
-                continue
-            slices = bucket.pipelines.state_dict()
-            for key in sorted(self._recorded[spec], key=key_order):
-                residual = next((slices[key][f] for f in RESIDUAL_FIELDS if f in slices.get(key, {})), None)
-                if residual is not None:
-                    norm = float(self._gradients[key].detach().float().norm())
-                    out[key] = float(np.linalg.norm(residual)) / max(norm, 1e-30)
+            if self._recorded[spec]:
+                slices = bucket.pipelines.state_dict()
+                out.update({key: (slices.get(key, {}), float(self._gradients[key].detach().float().norm()))
+                            for key in self._recorded[spec]})
         return out
 
     def candidate_states(self):
