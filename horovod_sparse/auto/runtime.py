@@ -254,11 +254,12 @@ class AutoRuntime:
                   for key, (fields, norm) in self.checked_gradients().items() if residual_of(fields) is not None}
         keys = sorted(ratios, key=key_order)
         window = statistics.median(self._periods) if self._periods else 0.0
-        slowest = max_over_ranks(comm, [window, len(keys)] + [ratios[k] for k in keys])
-        if int(slowest[1]) != len(keys):
+        most, fewest = max_over_ranks(comm, [len(keys), -len(keys)])  # counts first: the next Allreduce's length
+        if most != -fewest:
             raise ValueError("auto: the ranks' gradients differ (another set of error-feedback gradients "
                              "on some rank); every rank must train the same parameters")
-        window, ratios = float(slowest[0]), dict(zip(keys, slowest[2:].tolist()))
+        slowest = max_over_ranks(comm, [window] + [ratios[k] for k in keys])
+        window, ratios = float(slowest[0]), dict(zip(keys, slowest[1:].tolist()))
         self._periods = []
         refused = guard_violations(ratios, self.max_residual_ratio)
         if refused:
