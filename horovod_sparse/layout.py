@@ -13,6 +13,8 @@ from typing import Hashable, Tuple
 
 import numpy as np
 
+from horovod_sparse.ops.indices import searchsorted
+
 
 def key_order(key):
     """Sort key of gradient keys: positions (ints) before names, each in order."""
@@ -63,3 +65,10 @@ class GradientLayout:
         """Views of ``buffer`` for each entry, reshaped, in layout order."""
         return [buffer[e.offset:e.offset + e.size].reshape(e.shape) for e in self.entries]
 
+
+
+def sparse_bounds(layout, indices):
+    """``[(lo, hi)]`` per entry of ``layout``: where its pairs lie in ``indices``, sorted int64
+    indices into the fused buffer (numpy, torch or TensorFlow); one binary search per entry."""
+    ends = searchsorted(indices, layout.starts)
+    return list(zip(ends[:-1], ends[1:]))

@@ -15,8 +15,10 @@ Every memory follows the same two-phase protocol, so that a step whose exchange 
    nothing.
 
 Buffers are float32 and live in the gradient's own library and device (numpy, or torch
-on CPU/CUDA): they are bound to it at the first ``accumulate``. Before that, and in
-``state_dict``/``load_state_dict``, the state is numpy.
+on CPU/CUDA, or TensorFlow on its device): they are bound to it at the first ``accumulate``.
+Before that, and in ``state_dict``/``load_state_dict``, the state is numpy. TensorFlow
+tensors are immutable: there each phase makes new tensors (same float32 operations, same
+bits) instead of writing into the spare buffer.
 
 Conservation (error feedback): ``acc[cleared]`` plus the new residual is ``acc`` exactly;
 ``consumed`` plus the new residual is ``acc`` up to one float32 rounding of the subtraction.
@@ -42,7 +44,7 @@ import sys
 import numpy as np
 
 from horovod_sparse.ops.kernels import copy_into, zero_at
-from horovod_sparse.ops.namespace import backend, empty, is_torch
+from horovod_sparse.ops.namespace import backend, empty, is_tensorflow, is_torch, library_of
 
 VALUE_DTYPE = np.dtype(np.float32)
 
@@ -86,14 +88,15 @@ class Memory:
     def load_state_dict(self, d):
         state = {name: _checked(d, name, self.n) for name in self._state}
         for name, value in state.items():
-            self._state[name] = _convert(value, self._state[name]) if is_torch(self._state[name]) else value
+            bound = library_of(self._state[name])[0] != "numpy"
+            self._state[name] = _convert(value, self._state[name]) if bound else value
             self._spare[name] = None
 
     # -- the buffers: state, and a spare twin to write the next state into --------------
     def _bind(self, like):
         """Move the state to ``like``'s library and device (a no-op once there)."""
         for name, value in self._state.items():
-            if is_torch(like) != is_torch(value) or (is_torch(like) and value.device != like.device):
+            if library_of(like) != library_of(value):
                 self._state[name] = _convert(value, like)
                 self._spare[name] = None
 
@@ -128,6 +131,8 @@ class ErrorFeedback(Memory):
         if not self.enabled:
             return grad
         self._bind(grad)
+        if is_tensorflow(grad):
+            return _float32(grad) + self.residual
         acc = self._spare_of("residual")
         backend(grad).add(grad, self.residual, out=acc)
         return acc
@@ -135,6 +140,10 @@ class ErrorFeedback(Memory):
     def accumulate_pieces(self, pieces):
         """Without error feedback acc is the pieces fused."""
         self._bind(pieces[0])
+        if is_tensorflow(pieces[0]):
+            tf = sys.modules["tensorflow"]
+            return tf.concat([_float32(piece) + self.residual[part] if self.enabled else _float32(piece)
+                              for piece, part in _slices(pieces)], axis=0)
         acc = self._spare_of("residual")
         lib = backend(acc)
         for piece, part in _slices(pieces):
@@ -150,6 +159,9 @@ class ErrorFeedback(Memory):
 
     def commit_minus(self, acc, consumed):
         if self.enabled:
+            if is_tensorflow(acc):
+                self._swap("residual", acc - consumed)
+                return
             backend(acc).subtract(acc, consumed, out=acc)
             self._swap("residual", acc)
 
@@ -182,6 +194,9 @@ class MomentumCorrection(Memory):
 
     def accumulate(self, grad):
         self._bind(grad)
+        if is_tensorflow(grad):  # new tensors; u waits in the spare slot for the commit
+            self._spare["velocity"] = self.velocity * self.momentum + _float32(grad)
+            return self.residual + self._spare["velocity"]
         lib = backend(grad)
         u = _momentum_step(lib, self.velocity, self.momentum, grad, out=self._spare_of("velocity"))
         acc = self._spare_of("residual")
@@ -191,6 +206,8 @@ class MomentumCorrection(Memory):
     def accumulate_pieces(self, pieces):
         """Slice by slice: the same float32 operations as :meth:`accumulate`."""
         self._bind(pieces[0])
+        if is_tensorflow(pieces[0]):
+            return self.accumulate(sys.modules["tensorflow"].concat([_float32(p) for p in pieces], axis=0))
         u = self._spare_of("velocity")
         acc = self._spare_of("residual")
         lib = backend(acc)
@@ -249,15 +266,22 @@ def _slices(pieces):
 
 def _float32(piece):
     """The piece as a float32 add must see it: float16/bfloat16 promote exactly, so they are
-    used as they are; float64 is rounded to float32 first, as a fused float32 buffer would be."""
+    used as they are; float64 is rounded to float32 first, as a fused float32 buffer would be
+    (TensorFlow does not promote: every piece is cast to float32, exactly for the narrower ones)."""
+    if is_tensorflow(piece):
+        return sys.modules["tensorflow"].cast(piece, "float32")
     if is_torch(piece):
         return piece.float() if piece.dtype == sys.modules["torch"].float64 else piece
     return piece.astype(VALUE_DTYPE) if piece.dtype == np.float64 else piece
 
 
 def _convert(value, like):
-    """``value`` (numpy or torch) as float32 in ``like``'s library and device; a one-time
-    move of state, not per-step traffic, so it is not counted as host traffic."""
+    """``value`` (numpy or torch or TensorFlow) as float32 in ``like``'s library and device; a
+    one-time move of state, not per-step traffic, so it is not counted as host traffic."""
+    if is_tensorflow(like):
+        tf = sys.modules["tensorflow"]
+        with tf.device(like.device):
+            return tf.constant(_numpy_copy(value))
     if is_torch(like):
         import torch
         t = value if is_torch(value) else torch.from_numpy(np.ascontiguousarray(value))
@@ -266,6 +290,8 @@ def _convert(value, like):
 
 
 def _numpy_copy(value):
+    if is_tensorflow(value):
+        return np.array(value.numpy(), dtype=VALUE_DTYPE, copy=True)
     if is_torch(value):
         return value.detach().cpu().numpy().astype(VALUE_DTYPE, copy=True)
     return np.array(value, dtype=VALUE_DTYPE, copy=True)

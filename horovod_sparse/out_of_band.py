@@ -124,6 +124,10 @@ class OutOfBandCompressorBase:
                 self._pending_state[key] = entry
 
     # -- accounting --------------------------------------------------------------------
+    def exchanging_pipelines(self):
+        """The pipelines that exchange this compressor's gradients."""
+        return [pipeline for _, pipeline in self.pipelines.values()]
+
     @property
     def dense_bytes_per_step(self):
         """Bytes of the gradients uncompressed, per step."""
@@ -132,7 +136,7 @@ class OutOfBandCompressorBase:
     def bytes_sent_per_step(self, world_size):
         """Bytes this rank sent in the last step: the sparse exchanges' counted bytes plus a
         ring allreduce's share of what Horovod carried (small dense gradients and probes)."""
-        sparse = sum(s.last.traffic.bytes_sent for _, s in self.pipelines.values()
+        sparse = sum(s.last.traffic.bytes_sent for s in self.exchanging_pipelines()
                      if getattr(s, "last", None) is not None)
         return sparse + ring_bytes(sum(carried for _, carried in self._bytes.values()), world_size)
 

@@ -84,6 +84,9 @@ class Pipeline(ClosesOnExit):
     #: numpy input); False runs torch's own, as on a GPU (for the pipelines computing
     #: through :meth:`_kernel`)
     numpy_on_cpu = True
+    #: ``step`` returns a new buffer at every call (one the caller may keep past the next step);
+    #: False where a pipeline reuses its result buffer
+    fresh_result = False
     _workspace = _workspace_place = None
 
     def step(self, grad, tag=0):

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The end-to-end step benchmark of docs/performance.md: every compressor side by side with
-dense, through the stock ``hvd.DistributedOptimizer``, on each link.
+dense, through the stock ``hvd.DistributedOptimizer`` (or, ``--framework tensorflow``,
+``hvd.DistributedGradientTape``), on each link.
 
     python scripts/bench_step.py                                   # the full run (needs root for netem)
     python scripts/bench_step.py --links loopback 1gbit --models mlp5 --steps 2 --warmup 1 \\
         --compressors dense hvd-fp16 topk:density=0.01 qsgd        # a quick harness check
     python scripts/bench_step.py --report                          # only regenerate the doc
+    python scripts/bench_step.py --framework tensorflow --compare-torch docs/data/step-tf-torch.jsonl
 
 For each link: ``scripts/netem.py --rate R -np N -- python -m horovod_sparse.bench.step ...``
 (``loopback`` is ``--rate none``: mpirun over TCP on lo, no namespaces), with one thread per
@@ -14,6 +16,12 @@ else). The ranks append records to ``--out`` (emptied first). When the links are
 records are copied to ``--data`` and ``--md``'s results section and ``--png`` are
 regenerated from it (scripts/plot_step.py). A link whose run fails or exceeds ``--timeout``
 is reported and skipped; the others still run.
+
+Each framework keeps its own files and its own generated block of ``--md`` (PyTorch:
+``results``, docs/performance.jsonl, docs/performance.png; TensorFlow: ``results-tf``,
+docs/data/step-tf.jsonl, docs/performance_tf.png, results/step-tf.jsonl for ``--out``), so a
+run of one never touches the other's. TensorFlow's tables can compare each compressor's
+speed-up with PyTorch's from the records of ``--compare-torch`` (scripts/plot_step.py).
 """
 from __future__ import annotations
 
@@ -37,6 +45,10 @@ import plot_step  # noqa: E402
 RANK_ENV = {"OMP_NUM_THREADS": "1", "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
             "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 MPIRUN_ARGS = "--bind-to none --mca mpi_yield_when_idle 1"
+#: Per framework, where its records, data and plot go unless --out, --data, --png say otherwise.
+FILES = {"torch": {"out": "results/step.jsonl", "data": "docs/performance.jsonl", "png": "docs/performance.png"},
+         "tensorflow": {"out": "results/step-tf.jsonl", "data": "docs/data/step-tf.jsonl",
+                        "png": "docs/performance_tf.png"}}
 
 
 def default_python():
@@ -47,6 +59,18 @@ def default_python():
 def build_parser():
     p = argparse.ArgumentParser(prog="bench_step.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--framework", choices=step.FRAMEWORKS, default="torch",
+                   help="torch: hvd.DistributedOptimizer; tensorflow: hvd.DistributedGradientTape "
+                        "(its own --out, --data, --png and block of --md) (default torch)")
+    p.add_argument("--tf-api", choices=("tape", "keras"), default="tape",
+                   help="with --framework tensorflow: hvd.DistributedGradientTape (tape) or Keras "
+                        "model.train_on_batch through Horovod's Keras DistributedOptimizer (default tape)")
+    p.add_argument("--tf-groups", type=int, default=0, metavar="N",
+                   help="tensorflow: DistributedGradientTape(groups=N) for every compressor; 0: "
+                        "Horovod's default, one request per gradient (default 0)")
+    p.add_argument("--compare-torch", default=None, metavar="FILE",
+                   help="tensorflow: PyTorch records (bench_step.py --data) whose speed-ups the TF "
+                        "tables set beside TF's: columns 'torch vs dense' and 'TF / torch'")
     p.add_argument("--np", type=int, default=2, help="MPI ranks (default 2)")
     p.add_argument("--links", nargs="+", default=["loopback", "1gbit", "10gbit"],
                    help="tc rates per rank link, or loopback (default: loopback 1gbit 10gbit)")
@@ -57,11 +81,14 @@ def build_parser():
     p.add_argument("--steps", type=int, default=10, help="timed steps per round (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps per round (default 3)")
     p.add_argument("--rounds", type=int, default=1, help="interleaved repeats of the list (default 1)")
-    p.add_argument("--out", default="results/step.jsonl", help="records of this run (emptied first)")
-    p.add_argument("--data", default="docs/performance.jsonl",
-                   help="where the records are kept for the doc (copied from --out after the run)")
+    p.add_argument("--out", default=None, help="records of this run (emptied first; default "
+                   f"{FILES['torch']['out']}, {FILES['tensorflow']['out']} for tensorflow)")
+    p.add_argument("--data", default=None,
+                   help="where the records are kept for the doc (copied from --out after the run; "
+                        f"default {FILES['torch']['data']}, {FILES['tensorflow']['data']} for tensorflow)")
     p.add_argument("--md", default="docs/performance.md", help="doc whose results section is regenerated")
-    p.add_argument("--png", default="docs/performance.png", help="plot (default docs/performance.png)")
+    p.add_argument("--png", default=None, help=f"plot (default {FILES['torch']['png']}, "
+                   f"{FILES['tensorflow']['png']} for tensorflow)")
     p.add_argument("--report", nargs="?", const="", default=None, metavar="MD",
                    help="run nothing: regenerate MD (default --md) and --png from --data")
     p.add_argument("--no-doc", action="store_true", help="run and keep --out only; leave docs/ alone")
@@ -81,8 +108,14 @@ def parse_args(argv=None):
         a.links = [step._link(link) for link in a.links]
     except argparse.ArgumentTypeError as e:
         p.error(str(e))
-    if a.np < 1 or a.steps < 1 or a.warmup < 0 or a.rounds < 1:
-        p.error("need --np >= 1, --steps >= 1, --warmup >= 0, --rounds >= 1")
+    if a.np < 1 or a.steps < 1 or a.warmup < 0 or a.rounds < 1 or a.tf_groups < 0:
+        p.error("need --np >= 1, --steps >= 1, --warmup >= 0, --rounds >= 1, --tf-groups >= 0")
+    step.check_framework_args(a, p.error)
+    if a.compare_torch and a.framework != "tensorflow":
+        p.error("--compare-torch is for --framework tensorflow")
+    for name, default in FILES[a.framework].items():
+        if getattr(a, name) is None:
+            setattr(a, name, default)
     if a.report is not None:
         a.md = a.report or a.md
     return a
@@ -91,9 +124,13 @@ def parse_args(argv=None):
 def link_command(a, link):
     """The netem.py command line of one link."""
     rate = "none" if link == "loopback" else link
-    bench = [a.python, "-m", "horovod_sparse.bench.step", "--models", *a.models,
+    bench = [a.python, "-m", "horovod_sparse.bench.step", "--framework", a.framework, "--models", *a.models,
              "--compressors", *a.compressors, "--steps", str(a.steps), "--warmup", str(a.warmup),
              "--rounds", str(a.rounds), "--link", link, "--out", a.out, "--timeout", str(a.step_timeout)]
+    if a.tf_groups:
+        bench += ["--tf-groups", str(a.tf_groups)]
+    if a.tf_api != "tape":
+        bench += ["--tf-api", a.tf_api]
     if a.note:
         bench += ["--note", a.note]
     # "--mpirun-args=...": with a space argparse would read the value, which starts with "--",
@@ -122,14 +159,15 @@ def run_job(argv, env, timeout):
 
 
 def report(a):
-    if not os.path.exists(a.data):
-        print(f"[bench_step] no records in {a.data}", flush=True)
+    """Regenerate ``--png`` and ``--framework``'s block of ``--md`` from ``--data``."""
+    recs = plot_step.load([a.data], a.framework) if os.path.exists(a.data) else []
+    if not recs:
+        print(f"[bench_step] no {a.framework} records in {a.data}", flush=True)
         return 1
-    recs = plot_step.load([a.data])
-    plot_step.plot(recs, a.png)
+    plot_step.plot(recs, a.png, a.framework)
     png = os.path.relpath(a.png, os.path.dirname(os.path.abspath(a.md)))
-    plot_step.update_md(a.md, plot_step.markdown(recs, png))
-    print(f"[bench_step] {len(recs)} records from {a.data} -> {a.md}, {a.png}", flush=True)
+    plot_step.update_md(a.md, plot_step.section(recs, png, a.framework, a.compare_torch), a.framework)
+    print(f"[bench_step] {len(recs)} {a.framework} records from {a.data} -> {a.md}, {a.png}", flush=True)
     return 0
 
 

@@ -1,7 +1,10 @@
 """End-to-end training step, every compressor side by side with dense, through the stock
-``hvd.DistributedOptimizer`` (PyTorch). Run it under MPI, one process per rank:
+``hvd.DistributedOptimizer`` (PyTorch) or ``hvd.DistributedGradientTape`` (TensorFlow,
+``--framework tensorflow``, :mod:`horovod_sparse.bench.step_tf`). Run it under MPI, one
+process per rank:
 
     mpirun -np 2 python -m horovod_sparse.bench.step --models mlp5 mlp30 --out results/step.jsonl
+    mpirun -np 2 python -m horovod_sparse.bench.step --framework tensorflow --out results/step-tf.jsonl
     python scripts/netem.py --rate 1gbit -np 2 -- python -m horovod_sparse.bench.step --link 1gbit
 
 (``scripts/bench_step.py`` does the second for every link and writes docs/performance.md.)
@@ -28,9 +31,16 @@ disagree about an error (a collective may be left half done) or a run exceeds
 The models are the MLPs of :mod:`horovod_sparse.models` (random data, MSE) and the real
 workloads of :mod:`horovod_sparse.workloads` (``digits_resnet``: torchvision's ResNet-18;
 ``stdlib_lm``: a byte-level transformer), each with its own loss on the first batch of the
-rank's shard. Importing this module imports only
+rank's shard (PyTorch only). Importing this module imports only
 the standard library: torch, Horovod, numpy and mpi4py are imported by :func:`run`, so the
 argument parsing can be used (and tested) without them.
+
+This module is the driver both frameworks share (arguments, records, summaries, the
+watchdog, the warm-up / settling / timed loop, maxima over ranks, the parameter hash):
+:class:`StepBench`. What differs per framework (Horovod's module, the model and its step,
+the copy of the memory bound, the versions recorded) is a subclass: :class:`Bench`
+(PyTorch) and :class:`TFBench` (TensorFlow, whose pieces are
+:class:`horovod_sparse.bench.step_tf.TFRunner`'s). Every record names its ``framework``.
 """
 from __future__ import annotations
 
@@ -59,6 +69,8 @@ DRIVER_ENV = "HSP_BENCH_DRIVER_COMMAND"  # set by scripts/bench_step.py, recorde
 HOROVOD_COMPRESSORS = {"dense": "none", "hvd-none": "none", "hvd-fp16": "fp16"}
 #: most warm-up steps given to Compression.auto to settle before the timed ones
 MAX_SETTLING_STEPS = 200
+#: What ``--framework`` takes; a record without a ``framework`` field is PyTorch's (older records).
+FRAMEWORKS = ("torch", "tensorflow")
 
 #: Every compressor, at density 0.01 for the sparsifiers. threshold: 1.5e-5 keeps about 1% of
 #: mlp5's first gradient with this data (|g| quantiles: 50% 1.8e-6, 99% 1.6e-5, 99.9% 2.6e-5).
@@ -119,9 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m horovod_sparse.bench.step",
         description="Time the training step through hvd.DistributedOptimizer for each compressor "
                     "(run under mpirun; rank 0 prints and writes JSON lines).")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="torch",
+                   help="torch: hvd.DistributedOptimizer; tensorflow: hvd.DistributedGradientTape in "
+                        "a tf.function (the models of horovod_sparse.models only) (default torch)")
+    p.add_argument("--tf-groups", type=_non_negative, default=0, metavar="N",
+                   help="TensorFlow only: DistributedGradientTape(groups=N) for every compressor, "
+                        "Horovod's dense included; 0: Horovod's default, one allreduce request per "
+                        "gradient (default 0)")
+    p.add_argument("--tf-api", choices=("tape", "keras"), default="tape",
+                   help="TensorFlow only: tape: hvd.DistributedGradientTape in a tf.function; keras: "
+                        "model.train_on_batch with horovod.tensorflow.keras.DistributedOptimizer "
+                        "(default tape)")
     p.add_argument("--models", nargs="+", default=["mlp5", "mlp30"], choices=MODEL_CHOICES,
                    help="models to run, in order: the MLPs of horovod_sparse.models or a real "
-                        "workload of horovod_sparse.workloads (default: mlp5 mlp30)")
+                        "workload of horovod_sparse.workloads (PyTorch only) (default: mlp5 mlp30)")
     p.add_argument("--compressors", nargs="+", default=list(DEFAULT_COMPRESSORS), metavar="SPEC",
                    help="'dense' (Horovod's Compression.none), 'hvd-fp16' (Horovod's fp16), or a "
                         "horovod_sparse spec such as oktopk:density=0.01 (default: all, see --list)")
@@ -146,8 +169,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_framework_args(args, error):
+    """Call ``error(message)`` (argparse's ``parser.error``) where the options do not fit
+    ``args.framework``: the real workloads and ``--tf-groups`` belong to one framework each.
+    Shared by this module's parser and scripts/bench_step.py's."""
+    if args.framework == "tensorflow":
+        torch_only = [m for m in args.models if m not in MODELS]
+        if torch_only:
+            error(f"--framework tensorflow runs the models {sorted(MODELS)}, not {' '.join(torch_only)} "
+                  "(PyTorch workloads)")
+    elif args.tf_groups or args.tf_api != "tape":
+        error("--tf-groups and --tf-api are for --framework tensorflow")
+
+
 def parse_args(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_framework_args(args, parser.error)
     if args.link is None:
         args.link = _link(os.environ.get(RATE_ENV, "loopback"))
     return args
@@ -173,10 +211,13 @@ def link_ms(nbytes: float, link: str) -> float | None:
 
 
 def summarize(times, error=None):
-    """Medians (ms) of the per-step maxima over ranks. ``times``: list of (fwd_bwd_s, step_s)."""
-    fb = [t[0] * 1e3 for t in times]
-    st = [t[1] * 1e3 for t in times]
-    tot = [(a + b) * 1e3 for a, b in times]
+    """Medians (ms) of the per-step maxima over ranks. ``times``: one tuple per step, either
+    (fwd_bwd_s, step_s), PyTorch's two parts whose sum is the step, or (total_s,), a step
+    with no parts (TensorFlow's one traced step: ``fwd_bwd_ms`` and ``step_ms`` are None)."""
+    parts = all(len(t) == 2 for t in times)
+    fb = [t[0] * 1e3 for t in times] if parts else []
+    st = [t[1] * 1e3 for t in times] if parts else []
+    tot = [sum(t) * 1e3 for t in times]
     return {"fwd_bwd_ms": median_or_none(fb), "step_ms": median_or_none(st),
             "total_ms": median_or_none(tot), "total_ms_min": min(tot) if tot else None,
             "total_ms_max": max(tot) if tot else None, "steps": len(times),
@@ -197,8 +238,10 @@ def format_line(r) -> str:
     def ms(v):
         return "-" if v is None else f"{v:.0f}"
     ident = {True: "yes", False: "NO", None: "?"}[r.get("replicas_identical")]
-    line = (f"[step] {r['model']} P={r['np']} {r['link']} {r['compressor']}: fwd+bwd {ms(r['fwd_bwd_ms'])} ms"
-            f"  opt.step {ms(r['step_ms'])} ms  step {ms(r['total_ms'])} ms  identical {ident}")
+    parts = (f"fwd+bwd {ms(r['fwd_bwd_ms'])} ms  opt.step {ms(r['step_ms'])} ms  "
+             if r.get("framework", "torch") == "torch" else "")   # TensorFlow's step has no parts
+    line = (f"[step] {r['model']} P={r['np']} {r['link']} {r['compressor']}: {parts}"
+            f"step {ms(r['total_ms'])} ms  identical {ident}")
     if r.get("vs_dense") is not None:
         line += f"  {r['vs_dense']:.2f}x dense"
     if r.get("error"):
@@ -227,6 +270,26 @@ def auto_summary(compression):
             "profile_s": report.get("profile_s"), "settled_at_step": report.get("settled_at_step")}
 
 
+def hash_values(arrays):
+    """A hash of the values of ``arrays`` (numpy, in order): equal on two ranks only if every
+    value is bitwise equal (``replicas_identical``)."""
+    import numpy as np
+    flat = np.concatenate([np.ravel(a) for a in arrays])
+    return hashlib.blake2b(flat.tobytes(), digest_size=16).hexdigest()
+
+
+def bytes_sent(compression, world_size):
+    """Bytes per rank per step as the compressor counts them, or None where it does not count
+    (Horovod's own compressors) or its accounting fails (never a reason to fail a run)."""
+    per_step = getattr(compression, "bytes_sent_per_step", None)
+    if not callable(per_step):
+        return None
+    try:
+        return float(per_step(world_size))
+    except Exception:
+        return None
+
+
 def model_and_loss(name, seed, rank, size):
     """(model, loss) of a ``--models`` name: ``loss()`` is one forward pass on this rank's
     batch, the same batch at every step. The model is the same on every rank for the same
@@ -249,18 +312,62 @@ def model_and_loss(name, seed, rank, size):
     return model, lambda: workload.loss(model, batch)
 
 
-class Bench:
-    """One rank's state: Horovod, a private mpi4py communicator, the watchdog."""
+class StepBench:
+    """One rank's state and what both frameworks share: Horovod (started by the subclass), a
+    private mpi4py communicator, the watchdog, the warm-up / settling / timed loop, the
+    records. A subclass provides the framework:
+
+    - ``framework``: its name in the records (``"torch"``, ``"tensorflow"``);
+    - :meth:`init_horovod`: import the framework and Horovod's module for it, ``hvd.init()``;
+    - :meth:`frontend`: horovod_sparse's module for it (``Compression.from_spec``);
+    - :meth:`model_size`: (parameters, tensors) of a model;
+    - :meth:`make_step`: a fresh model, its optimizer under Horovod, one step, its values;
+    - :meth:`copier`: one copy of a float32 buffer (the memory bound);
+    - :meth:`framework_fields` and :meth:`model_extras`: what its records add.
+    """
+
+    framework = None
 
     def __init__(self, args):
-        import horovod.torch as hvd
-        import torch
-        hvd.init()
+        self.args = args
+        self.hvd = self.init_horovod()
         from mpi4py import MPI   # after hvd.init(): Horovod initialises MPI (thread multiple)
-        self.args, self.hvd, self.torch, self.MPI = args, hvd, torch, MPI
+        self.MPI = MPI
         self.comm = MPI.COMM_WORLD.Dup()   # ours alone, beside Horovod's
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.partial = {}   # spec -> this model's record, accumulated over the rounds
+
+    # -- what a framework provides ------------------------------------------------------
+    def init_horovod(self):
+        """Import the framework and Horovod's module for it, call ``hvd.init()``, return it."""
+        raise NotImplementedError
+
+    def frontend(self):
+        """horovod_sparse's frontend module of this framework (its ``Compression``)."""
+        raise NotImplementedError
+
+    def model_size(self, model_name):
+        """(parameters, parameter tensors) of a ``--models`` name."""
+        raise NotImplementedError
+
+    def make_step(self, model_name, compression):
+        """(step, values) for one run: ``step()`` runs one training step of a fresh model (the
+        same on every rank) through Horovod with ``compression`` and returns its seconds as a
+        tuple (see :func:`summarize`); ``values()`` are the model's parameters (numpy arrays),
+        hashed for ``replicas_identical``."""
+        raise NotImplementedError
+
+    def copier(self, n):
+        """A function that copies a float32 buffer of ``n`` elements once."""
+        raise NotImplementedError
+
+    def framework_fields(self):
+        """Fields of every record of this framework: ``threads`` per rank and versions."""
+        raise NotImplementedError
+
+    def model_extras(self, model_name):
+        """Fields measured once per model, added to its records (none by default)."""
+        return {}
 
     # -- helpers ---------------------------------------------------------------------
     def say(self, text):
@@ -274,68 +381,50 @@ class Bench:
     def make_compression(self, spec):
         if is_horovod_spec(spec):
             return getattr(self.hvd.Compression, HOROVOD_COMPRESSORS[spec])
-        import horovod_sparse.torch as hvds
-        return hvds.Compression.from_spec(spec)
-
-    def params_digest(self, model):
-        import numpy as np
-        flat = np.concatenate([p.detach().cpu().numpy().ravel() for p in model.parameters()])
-        return hashlib.blake2b(flat.tobytes(), digest_size=16).hexdigest()
+        return self.frontend().Compression.from_spec(spec)
 
     def copy_ms(self, n):
         """Median over repeats of the max over ranks of one float32 copy of n elements
         (both ranks copy at once, as they compute at once in training)."""
-        torch = self.torch
-        src, dst = torch.randn(n), torch.empty(n)
+        copy = self.copier(n)
         times = []
         for i in range(self.args.copy_repeats + 1):
             self.comm.Barrier()
             t0 = time.perf_counter()
-            dst.copy_(src)
+            copy()
             times.append(time.perf_counter() - t0)
         return statistics.median(self.max_over_ranks(times[1:]).tolist()) * 1e3
 
+    def run_steps(self, step, compression=None):
+        """``--warmup`` untimed steps, then (for ``Compression.auto``) more until it settles,
+        then ``--steps`` timed ones: this rank's times of the timed steps. Every step starts
+        after a barrier (not timed), so that all ranks start it together."""
+        def synchronized():
+            self.comm.Barrier()
+            return step()
+
+        for _ in range(self.args.warmup):
+            synchronized()
+        # Compression.auto decides in its first steps (profiling, trials): those are warm-up
+        # too, so that the timed steps are its settled plan's (the same phase on every rank)
+        for _ in range(self.args.warmup, MAX_SETTLING_STEPS):
+            if getattr(compression, "phase", "settled") == "settled":
+                break
+            synchronized()
+        return [synchronized() for _ in range(self.args.steps)]
+
     # -- one compressor, one round ----------------------------------------------------
     def run_one(self, model_name, spec):
-        """Returns (times [(fwd_bwd_s, step_s)], digest, bytes_sent, error message or None)."""
-        torch, hvd, args = self.torch, self.hvd, self.args
+        """Returns (times [one tuple of seconds per step], digest, bytes_sent, error message or None)."""
         times, digest, sent, error, compression = [], None, None, None, None
         self.auto_choice = None
         try:
-            model, loss = model_and_loss(model_name, args.seed, self.rank, self.size)  # same model everywhere ...
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)       # ... and made sure of
             compression = self.make_compression(spec)
-            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0),
-                                           named_parameters=model.named_parameters(),
-                                           compression=compression)
-
-            def step():
-                """One step: (forward + backward seconds, opt.step() seconds)."""
-                self.comm.Barrier()    # every step starts together; not timed
-                t0 = time.perf_counter()
-                opt.zero_grad()
-                loss().backward()                 # Horovod's hooks call compress here
-                t1 = time.perf_counter()
-                opt.step()                        # synchronize(): exchanges, decompress, SGD
-                return t1 - t0, time.perf_counter() - t1
-
-            for _ in range(args.warmup):
-                step()
-            # Compression.auto decides in its first steps (profiling, trials): those are warm-up
-            # too, so that the timed steps are its settled plan's (the same phase on every rank)
-            for _ in range(args.warmup, MAX_SETTLING_STEPS):
-                if getattr(compression, "phase", "settled") == "settled":
-                    break
-                step()
-            times = [step() for _ in range(args.steps)]
-            digest = self.params_digest(model)
+            step, values = self.make_step(model_name, compression)
+            times = self.run_steps(step, compression)
+            digest = hash_values(values())
             self.auto_choice = auto_summary(compression)
-            per_step = getattr(compression, "bytes_sent_per_step", None)
-            if callable(per_step):
-                try:
-                    sent = float(per_step(self.size))
-                except Exception:   # accounting is optional; never fail a run for it
-                    sent = None
+            sent = bytes_sent(compression, self.size)
         except Exception as e:   # recorded; the caller decides whether the job can go on
             error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         finally:
@@ -381,20 +470,21 @@ class Bench:
                     f.write(json.dumps(r) + "\n")
 
     # -- one model ------------------------------------------------------------------
-    def base_record(self, model_name, n_params, n_tensors, copy_ms):
+    def base_record(self, model_name, n_params, n_tensors, copy_ms, extras=None):
         import horovod
         a = self.args
         nbytes = dense_bytes(n_params, self.size)
         desc, batch = describe_model(model_name)
         return {
-            "bench": "step", "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "bench": "step", "framework": self.framework,
+            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "model": model_name, "model_desc": desc, "params": n_params,
             "tensors": n_tensors, "batch": batch, "np": self.size, "link": a.link,
             "link_bps": link_bps(a.link), "warmup": a.warmup, "steps_per_round": a.steps,
             "rounds": a.rounds, "lr": a.lr, "copy_ms": copy_ms, "dense_bytes": nbytes,
-            "link_ms": link_ms(nbytes, a.link), "threads": self.torch.get_num_threads(),
+            "link_ms": link_ms(nbytes, a.link), **self.framework_fields(), **(extras or {}),
             "host": socket.gethostname(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "torch": self.torch.__version__, "horovod": horovod.__version__, "note": a.note,
+            "horovod": horovod.__version__, "note": a.note,
             "command": shlex.join(["python", "-m", "horovod_sparse.bench.step"] + sys.argv[1:]),
             "driver_command": os.environ.get(DRIVER_ENV),
         }
@@ -402,24 +492,25 @@ class Bench:
     def run_model(self, model_name):
         """All rounds of all compressors on one model. Returns False if the job must stop."""
         a = self.args
-        model, _ = model_and_loss(model_name, a.seed, self.rank, self.size)
-        n_params = sum(p.numel() for p in model.parameters())
-        n_tensors = sum(1 for _ in model.parameters())
-        del model
+        n_params, n_tensors = self.model_size(model_name)
         copies = []
-        self.say(f"[step] model {model_name}: {n_params:,} parameters in {n_tensors} tensors, "
+        framework = "" if self.framework == "torch" else f" ({self.framework})"
+        self.say(f"[step] model {model_name}{framework}: {n_params:,} parameters in {n_tensors} tensors, "
                  f"batch {describe_model(model_name)[1]}, P={self.size}, link {a.link}, "
                  f"{a.rounds} round(s) x {len(a.compressors)} compressors x ({a.warmup} + {a.steps}) steps")
+        extras = self.model_extras(model_name)
         times = {spec: [] for spec in a.compressors}
         self.partial = {}
         ok = True
         for rnd in range(a.rounds):
             copies.append(self.copy_ms(n_params))   # per round: it drifts like the rest
             if rnd == 0:
-                base = self.base_record(model_name, n_params, n_tensors, copies[0])
+                base = self.base_record(model_name, n_params, n_tensors, copies[0], extras)
                 self.say(f"[step] bounds: one copy of {n_params * 4 / 1e6:.1f} MB {copies[0]:.1f} ms; "
                          f"dense sends {base['dense_bytes'] / 1e6:.1f} MB/rank/step"
-                         + (f" = {base['link_ms']:.0f} ms at {a.link}" if base["link_ms"] else ""))
+                         + (f" = {base['link_ms']:.0f} ms at {a.link}" if base["link_ms"] else "")
+                         + (f"; local step (no Horovod) {extras['compute_ms']:.1f} ms"
+                            if extras.get("compute_ms") is not None else ""))
             for spec in a.compressors:
                 rec = self.partial.setdefault(spec, {**base, "compressor": spec, **summarize([]),
                                                      "replicas_identical": None, "bytes_sent_per_step": None})
@@ -469,8 +560,99 @@ class Bench:
         return ok
 
 
+class Bench(StepBench):
+    """PyTorch: ``hvd.DistributedOptimizer`` over plain SGD; a step is ``zero_grad``, forward and
+    ``backward()`` (Horovod's hooks start the exchanges), then ``opt.step()`` (Horovod's
+    ``synchronize()``, decompress, the SGD update), timed as those two parts."""
+
+    framework = "torch"
+
+    def init_horovod(self):
+        import horovod.torch as hvd
+        import torch
+        hvd.init()
+        self.torch = torch
+        return hvd
+
+    def frontend(self):
+        import horovod_sparse.torch as hvds
+        return hvds
+
+    def model_size(self, model_name):
+        model, _ = model_and_loss(model_name, self.args.seed, self.rank, self.size)
+        return sum(p.numel() for p in model.parameters()), sum(1 for _ in model.parameters())
+
+    def params_digest(self, model):
+        """The hash of ``model``'s parameters (also :mod:`~horovod_sparse.bench.tta`'s)."""
+        return hash_values([p.detach().cpu().numpy() for p in model.parameters()])
+
+    def make_step(self, model_name, compression):
+        torch, hvd, args = self.torch, self.hvd, self.args
+        model, loss = model_and_loss(model_name, args.seed, self.rank, self.size)  # same model everywhere ...
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)       # ... and made sure of
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0),
+                                       named_parameters=model.named_parameters(),
+                                       compression=compression)
+
+        def step():
+            """One step: (forward + backward seconds, opt.step() seconds)."""
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss().backward()                 # Horovod's hooks call compress here
+            t1 = time.perf_counter()
+            opt.step()                        # synchronize(): exchanges, decompress, SGD
+            return t1 - t0, time.perf_counter() - t1
+        return step, lambda: [p.detach().cpu().numpy() for p in model.parameters()]
+
+    def copier(self, n):
+        src, dst = self.torch.randn(n), self.torch.empty(n)
+        return lambda: dst.copy_(src)
+
+    def framework_fields(self):
+        return {"threads": self.torch.get_num_threads(), "torch": self.torch.__version__}
+
+
+class TFBench(StepBench):
+    """TensorFlow: ``hvd.DistributedGradientTape`` in a ``tf.function``, one timed call per step;
+    once per model the same step without Horovod as the compute floor (``compute_ms``). The
+    TensorFlow side is :class:`horovod_sparse.bench.step_tf.TFRunner`'s."""
+
+    framework = "tensorflow"
+
+    def init_horovod(self):
+        from horovod_sparse.bench.step_tf import TFRunner   # TensorFlow only when asked for
+        self.runner = TFRunner(self.args)
+        return self.runner.hvd
+
+    def frontend(self):
+        return self.runner.frontend()
+
+    def model_size(self, model_name):
+        return self.runner.model_size(model_name, self.rank)
+
+    def make_step(self, model_name, compression):
+        return self.runner.horovod_step(model_name, self.rank, compression)
+
+    def model_extras(self, model_name):
+        """``compute_ms``: the median (max over ranks) of the step without Horovod, warm-up and
+        timed steps as a compressor's: the floor every compressor's step stands on."""
+        times = self.max_over_ranks(self.run_steps(self.runner.local_step(model_name, self.rank)))
+        return {"compute_ms": statistics.median(t[0] for t in times.tolist()) * 1e3}
+
+    def copier(self, n):
+        return self.runner.copier(n)
+
+    def framework_fields(self):
+        return self.runner.fields()
+
+
+def bench_class(framework):
+    """The :class:`StepBench` of ``framework``."""
+    return TFBench if framework == "tensorflow" else Bench
+
+
 def run(args) -> int:
-    bench = Bench(args)
+    bench = bench_class(args.framework)(args)
     if bench.rank == 0 and args.out:
         print(f"[step] appending records to {args.out}", flush=True)
     for model_name in args.models:

@@ -60,6 +60,8 @@ class OutOfBandCompressor(Compressor):
 
     out_of_band = True
     stateful = True
+    #: its pipeline has ``step_sparse`` (sorted indices and their sums, O(k)), not only ``step``
+    sparse_result = False
 
     def make_pipeline(self, n, comm, layout=None):
         """The pipeline for a buffer of ``n`` elements on ``comm`` (collective: every rank of

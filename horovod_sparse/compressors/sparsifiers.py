@@ -33,6 +33,8 @@ THRESHOLD_EXCHANGES = ("allgather", "dsa")
 class SparsifyingCompressor(OutOfBandCompressor):
     """Base of the sparsifying compressors: an out-of-band compressor with a target count k."""
 
+    sparse_result = True
+
     def k_for(self, n):
         """Target number of entries for a buffer of ``n`` elements."""
         return k_for(self.density, n)

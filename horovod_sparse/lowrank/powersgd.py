@@ -236,6 +236,8 @@ class PowerSGDPipeline(Pipeline):
         except Exception:  # anything odd is bad input, reported on every rank
             return BAD_GRADIENT_CODE, -1, None
 
+    fresh_result = True  # step 6 allocates the result
+
     def step(self, grad, tag=0):
         """Exchange this step's gradient; return the sum over ranks of what they kept.
 

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from horovod_sparse.ops.namespace import is_torch
+from horovod_sparse.ops.namespace import is_tensorflow, is_torch
 
 
 class HostTraffic:
@@ -46,7 +46,11 @@ HOST_TRAFFIC = HostTraffic()
 
 def to_host(x):
     """A numpy array for mpi4py: ``x`` itself if numpy, else the tensor copied to host
-    memory (a zero-copy view for a contiguous CPU tensor). Counted in :data:`HOST_TRAFFIC`."""
+    memory (a zero-copy view for a contiguous CPU tensor). Counted in :data:`HOST_TRAFFIC`
+    (TensorFlow tensors too)."""
+    if is_tensorflow(x):
+        HOST_TRAFFIC.count(int(x.shape.num_elements()) * x.dtype.size, outbound=True)
+        return x.numpy()
     if not is_torch(x):
         return np.asarray(x)
     x = x.detach()
@@ -58,6 +62,11 @@ def from_host(a, like):
     """A numpy array received from mpi4py, in ``like``'s library and device (no copy on
     numpy or a CPU tensor). Counted in :data:`HOST_TRAFFIC`."""
     a = np.asarray(a)
+    if is_tensorflow(like):
+        HOST_TRAFFIC.count(a.nbytes, outbound=False)
+        tf = sys.modules["tensorflow"]
+        with tf.device(like.device):
+            return tf.constant(a)
     if not is_torch(like):
         return a
     HOST_TRAFFIC.count(a.nbytes, outbound=False)

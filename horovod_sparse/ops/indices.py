@@ -13,12 +13,15 @@ import sys
 
 import numpy as np
 
-from horovod_sparse.ops.namespace import backend, is_torch
+from horovod_sparse.ops.namespace import backend, is_tensorflow, is_torch
 from horovod_sparse.ops.views import numpy_view
 
 
 def flatnonzero(mask):
     """int64 indices of the true entries of a 1-D bool array, sorted, same library/device."""
+    if is_tensorflow(mask):
+        tf = sys.modules["tensorflow"]
+        return tf.reshape(tf.where(mask), [-1])
     if is_torch(mask):
         return mask.nonzero().view(-1)
     return np.flatnonzero(mask)
@@ -35,19 +38,43 @@ def compact(mask):
 
 def count_nonzero(mask):
     """Number of true entries, as a Python int."""
+    if is_tensorflow(mask):
+        return int(sys.modules["tensorflow"].math.count_nonzero(mask))
     return int(backend(mask).count_nonzero(mask))
 
 
 def take(x, indices):
     """``x[indices]`` for 1-D ``x`` and int64 ``indices`` (torch: index_select, ~3x faster)."""
+    if is_tensorflow(x):
+        return sys.modules["tensorflow"].gather(x, indices)
     return sys.modules["torch"].index_select(x, 0, indices) if is_torch(x) else x[indices]
 
 
 def isin_sorted(a, b):
     """Bool mask over ``a``: which entries are in ``b`` (both 1-D, sorted, unique, same
     library/device). numpy's kernel on CPU (~3x faster than torch.isin on one thread)."""
+    if is_tensorflow(a):  # b sorted: a binary search per entry of a
+        tf = sys.modules["tensorflow"]
+        if int(b.shape[0]) == 0:
+            return tf.zeros(tf.shape(a), tf.bool)
+        at = tf.minimum(tf.searchsorted(b, a), int(b.shape[0]) - 1)
+        return tf.equal(tf.gather(b, at), a)
     a_view, b_view = numpy_view(a), numpy_view(b)
     if a_view is None or b_view is None:
         return sys.modules["torch"].isin(a, b, assume_unique=True)
     found = np.isin(a_view, b_view, assume_unique=True)
     return sys.modules["torch"].from_numpy(found) if is_torch(a) else found
+
+
+def searchsorted(sorted_x, values):
+    """``[bisect_left(sorted_x, v) for v in values]`` as Python ints: where each of ``values``
+    (a list of ints) would go in the 1-D sorted ``sorted_x`` (numpy, torch or TensorFlow)."""
+    view = numpy_view(sorted_x)
+    if is_tensorflow(sorted_x):
+        tf = sys.modules["tensorflow"]
+        return [int(i) for i in tf.searchsorted(sorted_x, tf.constant(values, sorted_x.dtype)).numpy()]
+    if view is None:
+        torch = sys.modules["torch"]
+        return torch.searchsorted(sorted_x, torch.tensor(values, dtype=sorted_x.dtype,
+                                                         device=sorted_x.device)).tolist()
+    return np.searchsorted(view, np.asarray(values, dtype=view.dtype)).tolist()

@@ -7,21 +7,29 @@ kernels (``index_fill_``, ``index_copy_``: ~2x the indexed store), or numpy's on
 zero-copy view of a CPU tensor where torch's is slower there (comparisons into bool,
 float -> integer casts). The results are the same bits either way.
 
+TensorFlow tensors (the pipelines' step as TensorFlow ops on the gradient's device) are
+immutable: there the same kernels return a new tensor, so callers always use what a kernel
+returns (``x = zero_at(x, indices)``), never only its ``out``.
+
 Example::
 
-    zero_at(acc, sent)                  # error feedback: what was sent leaves the residual
-    count = count_at_least(keys, key, mask)
+    acc = zero_at(acc, sent)            # error feedback: what was sent leaves the residual
+    mask, count = mark_at_least(keys, key, mask)
 """
 import sys
 
 import numpy as np
 
-from horovod_sparse.ops.namespace import backend, is_torch
+from horovod_sparse.ops.namespace import backend, is_tensorflow, is_torch
 from horovod_sparse.ops.views import int_view, numpy_view
 
 
 def zero_at(x, indices):
-    """``x[indices] = 0`` in place, for 1-D ``x`` (torch: index_fill_)."""
+    """``x[indices] = 0`` in place, for 1-D ``x`` (torch: index_fill_); returns ``x`` (TensorFlow:
+    a new tensor)."""
+    if is_tensorflow(x):
+        tf = sys.modules["tensorflow"]
+        return tf.tensor_scatter_nd_update(x, indices[:, None], tf.zeros(tf.shape(indices), x.dtype))
     if is_torch(x):
         x.index_fill_(0, indices, 0)
     else:
@@ -64,6 +72,27 @@ def less_into(x, value, out):
     else:
         backend(x).less(x, value, out=out)
     return out
+
+
+def set_true_at(mask, indices):
+    """``mask[indices] = True`` for a 1-D bool ``mask``; returns the mask (TensorFlow: a new one)."""
+    if is_tensorflow(mask):
+        tf = sys.modules["tensorflow"]
+        return tf.tensor_scatter_nd_update(mask, indices[:, None], tf.ones(tf.shape(indices), tf.bool))
+    if is_torch(mask):
+        return mask.index_fill_(0, indices, True)
+    mask[indices] = True
+    return mask
+
+
+def mark_at_least(keys, key, out):
+    """``(mask, count)``: ``keys >= key`` written into the bool buffer ``out`` (like ``keys``; a new
+    tensor on TensorFlow, where ``out`` may be None) and how many are true."""
+    if is_tensorflow(keys):
+        tf = sys.modules["tensorflow"]
+        mask = tf.greater_equal(keys, tf.constant(key, keys.dtype))
+        return mask, int(tf.math.count_nonzero(mask))
+    return out, count_at_least(keys, key, out)
 
 
 def count_at_least(keys, key, out):

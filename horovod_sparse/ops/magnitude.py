@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from horovod_sparse.ops.namespace import backend, itemsize
+from horovod_sparse.ops.namespace import backend, is_tensorflow, itemsize
 from horovod_sparse.ops.views import int_view, numpy_view
 
 #: the sign bit cleared, by the float's size in bytes
@@ -27,7 +27,12 @@ _SIGN_CLEAR = {4: 0x7FFFFFFF, 8: 0x7FFFFFFFFFFFFFFF}
 
 def magnitude_keys(x, out=None):
     """Keys ordered like ``|x|`` for float32 (int32 keys) or float64 (int64 keys) ``x``,
-    numpy or torch; ``out`` (an integer buffer of the same length) avoids an allocation."""
+    numpy or torch; ``out`` (an integer buffer of the same length) avoids an allocation
+    (TensorFlow: a new tensor, ``out`` is ignored)."""
+    if is_tensorflow(x):
+        tf = sys.modules["tensorflow"]
+        bits = tf.bitcast(x, tf.int32 if itemsize(x) == 4 else tf.int64)
+        return tf.bitwise.bitwise_and(bits, tf.constant(_SIGN_CLEAR[itemsize(x)], bits.dtype))
     return backend(x).bitwise_and(int_view(x), _SIGN_CLEAR[itemsize(x)], out=out)
 
 
@@ -48,10 +53,19 @@ def magnitude_of(key, dtype="float32"):
 def kth_largest(x, k):
     """The ``k``-th largest entry (1 <= k <= size) of a 1-D integer array, as a Python int."""
     n = x.shape[0]
+    if is_tensorflow(x):
+        return int(sys.modules["tensorflow"].math.top_k(x, k).values[k - 1])
     view = numpy_view(x)
     if view is not None:
         return int(np.partition(view, n - k)[n - k])
     return int(sys.modules["torch"].kthvalue(x, n - k + 1).values)
+
+
+def smallest(x):
+    """The smallest entry of a non-empty 1-D integer array, as a Python int."""
+    if is_tensorflow(x):
+        return int(sys.modules["tensorflow"].reduce_min(x))
+    return int(x.min())
 
 
 def kth_largests(x, ks):

@@ -14,13 +14,16 @@ import sys
 
 import numpy as np
 
-from horovod_sparse.ops.namespace import dtype_of, is_torch, itemsize
+from horovod_sparse.ops.namespace import dtype_of, is_tensorflow, is_torch, itemsize
 
 _SIGNED_OF_SIZE = {2: "int16", 4: "int32", 8: "int64"}
 
 
 def numpy_view(x):
-    """A zero-copy numpy view of a numpy array or a CPU tensor (strides kept); None on other devices."""
+    """A zero-copy numpy view of a numpy array or a CPU tensor (strides kept); None on other
+    devices, and for TensorFlow tensors (they reach the pipelines only to run TensorFlow's ops)."""
+    if is_tensorflow(x):
+        return None
     if not is_torch(x):
         return x
     return x.detach().numpy() if x.device.type == "cpu" else None

@@ -45,9 +45,9 @@ import numpy as np
 
 from horovod_sparse.ops.host import to_host
 from horovod_sparse.ops.indices import compact, count_nonzero, take
-from horovod_sparse.ops.kernels import count_at_least
-from horovod_sparse.ops.magnitude import key_of, kth_largest, magnitude_keys, magnitude_of
-from horovod_sparse.ops.namespace import arange, empty, is_torch
+from horovod_sparse.ops.kernels import mark_at_least, set_true_at
+from horovod_sparse.ops.magnitude import key_of, kth_largest, magnitude_keys, magnitude_of, smallest
+from horovod_sparse.ops.namespace import arange, empty, is_tensorflow, is_torch
 
 #: value dtype of every sparsifier buffer
 VALUE_DTYPE = np.dtype(np.float32)
@@ -95,15 +95,17 @@ class MagnitudeKeys:
 
     def __init__(self, acc, keys=None, mask=None):
         self.size = int(acc.shape[0])
-        if keys is None:
+        scratch = not is_tensorflow(acc)  # TensorFlow makes new tensors: no scratch to reuse
+        if keys is None and scratch:
             keys = empty(self.size, "int32", acc)
         self.keys = magnitude_keys(acc, out=keys)
-        self.mask = empty(self.size, "bool", acc) if mask is None else mask
+        self.mask = empty(self.size, "bool", acc) if mask is None and scratch else mask
         self._marked = None  # the key the mask holds ``keys >= key`` for
 
     def count_at_least(self, key):
         self._marked = key
-        return count_at_least(self.keys, key, self.mask)
+        self.mask, count = mark_at_least(self.keys, key, self.mask)
+        return count
 
     def at_least(self, key):
         """Sorted int64 indices whose key is >= ``key``."""
@@ -163,7 +165,7 @@ def top_k(keys, k, floor=None):
     if k <= 0 or n == 0:
         return TopK(keys.empty_indices(), _INF_KEY, floor, "all")
     if k >= n:
-        return TopK(keys.all_indices(), int(keys.keys.min()), floor, "all")
+        return TopK(keys.all_indices(), smallest(keys.keys), floor, "all")
     source = "floor"
     candidates = None if floor is None else _candidates(keys, floor, k)        # step 1
     if candidates is None:                                                      # step 2
@@ -175,7 +177,7 @@ def top_k(keys, k, floor=None):
     taken = candidate_keys > kth
     missing = k - count_nonzero(taken)
     if missing > 0:
-        taken[compact(candidate_keys == kth)[:missing]] = True
+        taken = set_true_at(taken, compact(candidate_keys == kth)[:missing])
     indices = take(candidates, compact(taken))
     target, count = math.ceil(CANDIDATE_TARGET * k), int(candidate_keys.shape[0])  # step 4
     low, high = CANDIDATE_COMFORT
@@ -184,7 +186,7 @@ def top_k(keys, k, floor=None):
     elif count >= target:
         next_floor = kth_largest(candidate_keys, target)
     else:
-        next_floor = _lowered(int(candidate_keys.min()))
+        next_floor = _lowered(smallest(candidate_keys))
     return TopK(indices, kth, next_floor, source)
 
 

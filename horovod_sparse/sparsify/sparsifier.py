@@ -195,6 +195,8 @@ class Sparsifier(Pipeline):
             raise ValueError(f"grad must be a 1-D float array of length n={self.n}, got {got}")
         if not _is_pieces(grad) or not pieces:
             flat = pieces[0] if pieces else np.empty(0, np.float32)
+            if namespace.is_tensorflow(flat):
+                return self.memory.accumulate(flat)
             if namespace.is_torch(flat):
                 return self.memory.accumulate(flat.to(namespace.dtype_of(flat, "float32")))
             return self.memory.accumulate(flat.astype(np.float32, copy=False))
@@ -205,7 +207,10 @@ class Sparsifier(Pipeline):
         return MagnitudeKeys(acc, *self._workspace_for(acc))
 
     def _new_workspace(self, like):
-        """Scratch for the magnitude keys: (keys int32, mask bool)."""
+        """Scratch for the magnitude keys: (keys int32, mask bool); none on TensorFlow, whose
+        kernels make new tensors."""
+        if namespace.is_tensorflow(like):
+            return None, None
         return namespace.empty(self.n, "int32", like), namespace.empty(self.n, "bool", like)
 
     # ------------------------------------------------------------ checkpoints
@@ -235,8 +240,11 @@ def _is_pieces(grad):
 
 
 def _as_1d_float(array, n):
-    """A contiguous, detached 1-D float array (numpy or torch), or ValueError."""
-    if namespace.is_torch(array):
+    """A contiguous, detached 1-D float array (numpy, torch or TensorFlow), or ValueError."""
+    if namespace.is_tensorflow(array):
+        if array.shape.rank == 1 and array.dtype.is_floating:
+            return array
+    elif namespace.is_torch(array):
         if array.dim() == 1 and array.is_floating_point():
             return array.detach().contiguous()
     else:

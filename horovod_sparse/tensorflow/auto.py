@@ -22,7 +22,8 @@ from horovod_sparse.layout import GradientLayout
 from horovod_sparse.ops.tf_ops import TFOps
 from horovod_sparse.tensorflow.construction import refuse_inside_trace
 from horovod_sparse.tensorflow.gradient_keys import GradientKeys
-from horovod_sparse.tensorflow.out_of_band import InOrderHostExchanges
+from horovod_sparse.ops.namespace import concat_float32
+from horovod_sparse.tensorflow.bucket_exchange import InOrderHostExchanges, dense_parts
 
 
 class _Auto:
@@ -57,7 +58,7 @@ class TFAutoCompressor(HorovodCompressor):
         self._agreed = False
         self._in_order = InOrderHostExchanges()
         self._recorded = []                 # (key, gradient) compressed, not yet exchanged
-        self._results = {}                  # key -> (summed tensor, shape, dtype)
+        self._results = {}                  # key -> BucketPart, exchanged, not yet decompressed
 
     @property
     def auto_report(self):
@@ -90,8 +91,7 @@ class TFAutoCompressor(HorovodCompressor):
             return tensor
         if key not in self._results:
             self._exchange_recorded()
-        summed, shape, dtype = self._results.pop(key)
-        return tf.cast(tf.reshape(summed * (tensor[0] / float(self.world_size)), shape), dtype)
+        return self._results.pop(key).to_gradient(tensor[0] / float(self.world_size))
 
     @property
     def world_size(self):
@@ -108,8 +108,9 @@ class TFAutoCompressor(HorovodCompressor):
         keys = tuple(key for key, _ in recorded)
         layout = GradientLayout([(key, self.ops.shape(g), self.ops.dtype_name(g)) for key, g in recorded])
         runtime = self.runtime
-        self._results.update(self._in_order.run(lambda buffer: runtime.exchange(keys, layout, buffer),
-                                                recorded, layout))
+        self._results.update(self._in_order.run(
+            lambda pieces: dense_parts(layout, runtime.exchange(keys, layout, concat_float32(pieces))),
+            recorded, layout))
 
     # -- checkpointing -------------------------------------------------------------------------
     def state_dict(self):

@@ -48,6 +48,13 @@ def _outermost_branch_parent(graph):
     return graph
 
 
+def outermost_graph():
+    """The graph being traced around any ``tf.cond`` branches (Horovod puts each gradient's
+    allreduce in one): where a whole step's exchange is traced, so that every branch can use
+    its results."""
+    return _outermost_branch_parent(tf.compat.v1.get_default_graph())
+
+
 class GraphExchangeChain:
     """Orders a plain graph's exchanges: each one takes an input from the previous one's
     ``tf.cond`` (or from the previous exchange itself, traced outside any ``tf.cond``).

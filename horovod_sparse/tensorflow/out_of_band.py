@@ -1,42 +1,48 @@
 """The TensorFlow out-of-band compressor: exchanges Horovod's allreduce cannot carry
-(sparsifiers, bit-packed quantizers, PowerSGD, FFT), chained in trace order.
+(sparsifiers, bit-packed quantizers, PowerSGD, FFT), one fused exchange per step.
 
 Horovod's TensorFlow frontend calls ``compress`` for a gradient, allreduces its payload,
-then calls ``decompress``. By default it does this one gradient at a time (each inside
-its own ``tf.cond``); with ``DistributedGradientTape(..., groups=1)`` (or ``num_groups``)
-it compresses a whole group first. So ``compress`` records the gradient and returns a
-one-element probe, and the first ``decompress`` that needs a result runs one exchange
-over everything recorded so far: one gradient by default, the whole group — fused, as
-in the PyTorch frontend — when grouped.
+then calls ``decompress``, one gradient at a time, each inside its own ``tf.cond`` (with
+``groups=``, a group at a time). ``compress`` hands Horovod a one-element probe (its reduced
+value gives the Average/Sum scale, :mod:`horovod_sparse.out_of_band`), and where the
+gradients travel is the ``schedule``'s business:
 
-Each exchange runs in ``tf.numpy_function``. TensorFlow may run independent ops in any
-order, but every rank must enter the collectives in the same order, so each exchange
-reads a shared token variable before it runs and increments it after: automatic control
-dependencies then serialise the exchanges (and the ``tf.cond``s holding them) in trace
-order on every rank. A plain TF1-style graph has no automatic control dependencies: there
-each exchange takes an input from the previous one's ``tf.cond`` instead
-(:mod:`~horovod_sparse.tensorflow.graph_mode`), and no token variable is made.
+- ``"after_backward"`` (default, as in PyTorch): at the step's first ``compress`` the whole
+  gradient list is read from Horovod's ``allreduce_grads(grads, vars)`` frame
+  (:mod:`~horovod_sparse.tensorflow.gradient_keys`) and ONE exchange of every gradient is
+  traced in the graph around the ``tf.cond``s, whatever Horovod's grouping; each
+  ``decompress`` takes its part from there. Its pipeline belongs to the step's layout, made
+  when the step runs (:class:`~horovod_sparse.layout_pipeline.LayoutPipeline`): a trace where a
+  variable has no gradient, or leaves the list (frozen), moves each gradient's state by name,
+  and the missing one keeps its residual until it returns;
+- ``"wfbp"``: what Horovod hands over at once is exchanged at its first ``decompress``: one
+  gradient, or one ``groups=`` group, each with its own pipeline (keyed by the tuple of its
+  variables' names; a group that loses a variable is a new group, with fresh residuals).
 
-Gradients are keyed by their variable's name (:mod:`~horovod_sparse.tensorflow.gradient_keys`),
-so each exchange's pipeline, and its residual, belongs to its variable: a step where a
-variable has no gradient or is left out of the list (frozen) skips it, and its pipeline
-waits unchanged for its return. Under ``groups=`` a pipeline belongs to the group as it is
-exchanged (the tuple of its variables' names): when a variable drops out of a group, the
-rest form a new group with a fresh residual, and the full group's pipeline is kept for
-when the full group returns.
+Planned schedules (mgwfbp, optimal, asc, auto) need measured steps and then other buckets,
+but a traced step's exchanges are fixed when it is traced: they run in the PyTorch frontend only.
+
+Each exchange is one host call in trace order on every rank
+(:mod:`~horovod_sparse.tensorflow.bucket_exchange`): the gradients go in unfused, a sparsifier's
+pairs (or another pipeline's dense sum) come out, and TensorFlow ops scatter them into the
+gradients. On a GPU, or with ``on_device = True``, a sparsifier's step runs as TensorFlow ops
+on the gradients' device and only its pairs cross to numpy.
 """
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor as HorovodCompressor
 from horovod.tensorflow.mpi_ops import Adasum
 
-from horovod_sparse.agreement import check_same_on_every_rank, communicator_of
+from horovod_sparse.agreement import agree_on_layout, check_same_on_every_rank, communicator_of, raise_on_every_rank
 from horovod_sparse.horovod_frames import check_caller
 from horovod_sparse.layout import GradientLayout
+from horovod_sparse.layout_pipeline import LayoutPipeline
 from horovod_sparse.ops.tf_ops import TFOps
 from horovod_sparse.out_of_band import OutOfBandCompressorBase
+from horovod_sparse.ops.namespace import concat_float32, copy_of
+from horovod_sparse.tensorflow.bucket_exchange import InOrderHostExchanges, dense_parts, sparse_parts
 from horovod_sparse.tensorflow.construction import refuse_inside_trace
-from horovod_sparse.tensorflow.graph_mode import GraphExchangeChain, in_graph_mode
-from horovod_sparse.tensorflow.gradient_keys import GradientKeys
+from horovod_sparse.tensorflow.gradient_keys import GradientKeys, horovod_gradients
+from horovod_sparse.tensorflow.graph_mode import outermost_graph
 
 
 class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
@@ -46,13 +52,17 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         algorithm: an out-of-band compressor (``horovod_sparse.create("topk:density=0.01")``).
         dense_below: gradients with fewer elements (and non-float ones) go through Horovod's
             allreduce unchanged.
+        schedule: ``"after_backward"`` (default: one fused exchange of the step's gradients)
+            or ``"wfbp"`` (one exchange per gradient, or per Horovod group); see the module.
 
     Gradients are identified as in :class:`~horovod_sparse.tensorflow.TFCompressor` (variable
     name under Horovod's gradient allreduce, else position in the traced function;
-    ``compress(tensor, name=...)`` when called eagerly). Each set of gradients exchanged
-    together (one gradient, or one Horovod group) has its own sparsifier. Create it outside
-    the traced step (inside, it raises RuntimeError); at its first ``compress`` every rank
-    checks that all passed the same compressor and parameters (ValueError on every rank).
+    ``compress(tensor, name=...)`` when called eagerly; such calls, outside Horovod's gradient
+    list, are exchanged one at a time). Create it outside the traced step (inside, it raises
+    RuntimeError); at its first ``compress`` every rank checks that all passed the same
+    compressor and parameters (ValueError on every rank). ``on_device = True`` runs a
+    sparsifier's step as TensorFlow ops on the CPU too, as it runs on a GPU (the CPU default is
+    numpy's kernels on zero-copy views of the gradients: the same bits, faster there).
 
     Example::
 
@@ -62,14 +72,23 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
 
     ops = TFOps()
 
-    def __init__(self, algorithm, dense_below=None):
+    def __init__(self, algorithm, dense_below=None, schedule="after_backward"):
         refuse_inside_trace(algorithm)
         super().__init__(algorithm, *(() if dense_below is None else (dense_below,)))
+        self.schedule = check_tf_schedule(schedule)
+        # the whole step's pipeline (after_backward): each gradient's state follows it by key
+        # when the step's set of gradients changes (a variable without gradient, or frozen)
+        self.step_pipelines = LayoutPipeline(
+            lambda layout: algorithm.make_pipeline(layout.n, self.comm, layout=layout))
+        self._step_graph = None  # the traced graph whose step exchange is in _results
         self._keys = GradientKeys()
         self._agreed = False  # parameters checked across ranks (once, at the first compress)
         self._in_order = InOrderHostExchanges()
         self._recorded = []  # (key, gradient) compressed but not yet exchanged
-        self._results = {}   # key -> (summed gradient tensor, shape, dtype)
+        self._results = {}   # key -> BucketPart, exchanged but not yet decompressed
+        #: run the sparsifiers as TensorFlow ops even on the CPU, as they run on a GPU (the CPU
+        #: default is numpy's kernels on zero-copy views of the gradients: the same bits, faster)
+        self.on_device = False
 
     def compress(self, tensor, name=None):
         check_caller(self.algorithm.name, Adasum)
@@ -79,9 +98,13 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         key = self._keys.of(tensor, self.algorithm, name)
         if self.goes_dense(tensor):
             return self.compress_dense(tensor, key)
-        self._recorded.append((key, tensor))
         probe = tf.ones([1], tf.float32)
         self.record(key, tensor, probe)
+        step = self._step_gradients(tensor) if self.schedule == "after_backward" and name is None else None
+        if step is None:  # wfbp, or no gradient list in sight: the bucket is what Horovod hands over
+            self._recorded.append((key, tensor))
+        elif key not in self._results or self._step_graph is not outermost_graph():
+            self._exchange_step(step)
         return probe, ("sparse", key)
 
     def decompress(self, tensor, ctx):
@@ -90,9 +113,7 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             return self.decompress_dense(tensor, info)
         if info not in self._results:
             self._exchange_recorded()
-        summed, shape, dtype = self._results.pop(info)
-        scaled = summed * (tensor[0] / float(self.world_size))
-        return tf.cast(tf.reshape(scaled, shape), dtype)
+        return self._results.pop(info).to_gradient(tensor[0] / float(self.world_size))
 
     # Trace-time Python (a collective on a private communicator): autograph must not convert it.
     @tf.autograph.experimental.do_not_convert
@@ -101,54 +122,118 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         check_same_on_every_rank(self.algorithm.spec, communicator_of(None),
                                  "compressors or parameters")
 
+    @tf.autograph.experimental.do_not_convert
+    def _step_gradients(self, tensor):
+        """``[(key, gradient)]`` of every gradient of the step that goes through the pipeline,
+        read from Horovod's gradient list (None outside Horovod's gradient allreduce)."""
+        found = horovod_gradients(tensor)
+        if found is None:
+            return None
+        return [(key, g) for key, g in found
+                if isinstance(g, tf.Tensor) and not self.goes_dense(g)]
+
+    def _exchange_step(self, step):
+        """Trace the whole step's exchange now, at its first gradient's ``compress``, in the graph
+        around Horovod's per-gradient ``tf.cond``s (each ``decompress`` then takes its part from
+        there): one exchange after backward, whatever Horovod's grouping, as in PyTorch. The
+        pipeline is the layout's, chosen when the step runs: a step with another set of
+        gradients (a trace where a variable has none) moves their state by key."""
+        layout = GradientLayout([(key, self.ops.shape(g), self.ops.dtype_name(g)) for key, g in step])
+        with outermost_graph().as_default():
+            self._results.update(self._trace_exchange(self._step_pipeline, step, layout))
+        self._step_graph = outermost_graph()
+
+    def _step_pipeline(self, layout):
+        """The whole step's pipeline for ``layout``, at run time. The ranks first agree on the
+        layout (one 16-byte Allgather), so ranks whose traced steps differ fail together
+        instead of waiting in different collectives; a new pipeline is collective, and a rank
+        that cannot take the gradients' saved state fails on every rank."""
+        agree_on_layout(layout, self.comm, self.algorithm.name)
+        if self.step_pipelines.is_current(layout):
+            return self.step_pipelines.pipeline
+        pipeline, problem = None, None
+        try:
+            pipeline = self.step_pipelines.for_layout(layout)
+        except ValueError as e:
+            problem = f"{self.algorithm.name}: {e}"
+        raise_on_every_rank(self.comm, problem)
+        return pipeline
+
     def _exchange_recorded(self):
+        """One exchange of the bucket recorded so far (:mod:`~horovod_sparse.tensorflow.bucket_exchange`):
+        a sparsifier reads the pieces in place and returns its pairs; the other pipelines get
+        them fused into one float32 buffer and return the dense sum."""
         recorded, self._recorded = self._recorded, []
         layout = GradientLayout([(key, self.ops.shape(g), self.ops.dtype_name(g)) for key, g in recorded])
-        sparsifier = self.pipeline_for(tuple(key for key, _ in recorded), layout)
-        self._results.update(self._in_order.run(lambda buffer: sparsifier.step(buffer, tag=layout.tag),
-                                                recorded, layout))
+        pipeline = self.pipeline_for(tuple(key for key, _ in recorded), layout)
+        self._results.update(self._trace_exchange(lambda _: pipeline, recorded, layout))
+
+    def _trace_exchange(self, pipeline_of, recorded, layout):
+        """Trace one exchange of ``recorded`` through ``pipeline_of(layout)``: a sparsifier reads
+        the pieces in place and returns its pairs; the other pipelines get them fused into one
+        float32 buffer and return the dense sum. Returns ``{key: BucketPart}``."""
+        sparse = self.algorithm.sparse_result
+
+        def exchange(pieces):
+            pipeline = pipeline_of(layout)
+            if sparse:
+                return sparse_parts(layout, *pipeline.step_sparse(pieces, tag=layout.tag))
+            summed = pipeline.step(concat_float32(pieces), tag=layout.tag)
+            # TensorFlow keeps what the host call returns without copying it: not a reused buffer
+            return dense_parts(layout, summed if pipeline.fresh_result else copy_of(summed))
+
+        # The sparsifiers run as TensorFlow ops where the gradients are (on a GPU, or when asked);
+        # the other pipelines have no TensorFlow spelling yet and run on numpy (a host copy on a GPU).
+        on_device = sparse and (self.on_device or any(_on_gpu(g) for _, g in recorded))
+        return self._in_order.run(exchange, recorded, layout, sparse=sparse, on_device=on_device)
+
+    # -- checkpointing: the buckets' pipelines, and the whole step's by gradient -----------
+    def state_dict(self):
+        """``{bucket: pipeline state}`` (``schedule="wfbp"``: one gradient, or a Horovod group as a
+        tuple of names) and, for the whole step's exchange, ``{STEP_KEY: {gradient key: its
+        slices, "(fused)": the whole buffer's state}}``. Each rank saves its own."""
+        state = super().state_dict()
+        step = self.step_pipelines.state_dict()
+        if step:
+            state[STEP_KEY] = step
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Restore :meth:`state_dict`; pipelines not yet made take their state at first use."""
+        state_dict = dict(state_dict)
+        step = state_dict.pop(STEP_KEY, None)
+        if step is not None:
+            self.step_pipelines.load_state_dict(step)
+        super().load_state_dict(state_dict)
+
+    def exchanging_pipelines(self):
+        step = self.step_pipelines.pipeline
+        return super().exchanging_pipelines() + ([] if step is None else [step])
+
+    def close(self):
+        """Free the pipelines' communicators, and their buffers: the traced step keeps this
+        compressor alive as long as TensorFlow keeps the step's graph."""
+        super().close()
+        self.step_pipelines.close()
+        self.pipelines, self._results = {}, {}
+        self.step_pipelines = LayoutPipeline(self.step_pipelines.make)
 
 
-class InOrderHostExchanges:
-    """Host exchanges (``tf.numpy_function``), run in trace order on every rank.
+#: the schedules of the TensorFlow frontend: the buckets are fixed when the step is traced
+TF_SCHEDULES = ("after_backward", "wfbp")
+#: key of the whole step's exchange in :meth:`TFOutOfBandCompressor.state_dict`
+STEP_KEY = "(step)"
 
-    TensorFlow may run independent ops in any order, but every rank must enter the collectives
-    in the same order: inside ``tf.function`` each exchange reads a shared token variable
-    before it runs and increments it after (automatic control dependencies then serialise
-    them); in a plain TF1-style graph each takes an input from the previous one's ``tf.cond``.
 
-        parts = InOrderHostExchanges().run(lambda flat: pipeline.step(flat), [(key, grad)], layout)
-        part, shape, dtype = parts[key]     # the gradient's part of the float32 sum
-    """
+def check_tf_schedule(schedule):
+    """``schedule`` if the TensorFlow frontend runs it, else ValueError saying what it runs and why."""
+    if schedule not in TF_SCHEDULES:
+        raise ValueError(
+            f"schedule must be one of {list(TF_SCHEDULES)} in TensorFlow, got {schedule!r}: a traced step's "
+            "exchanges are fixed when it is traced, so plans made from measured steps (mgwfbp, optimal, "
+            "asc, auto) run in the PyTorch frontend only")
+    return schedule
 
-    def __init__(self):
-        self._token = None                  # orders the exchanges inside tf.function
-        self._chain = GraphExchangeChain()  # orders them in a plain (TF1-style) graph
 
-    def run(self, exchange, recorded, layout):
-        """``exchange(flat)`` (numpy float32 in and out, ``layout.n`` values) of the gradients
-        ``recorded`` (``[(key, tensor)]``, laid out by ``layout``) fused as float32; returns
-        ``{key: (its part of the result, its shape, its dtype)}``."""
-        flat = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for _, g in recorded], axis=0)
-
-        def call(buffer, *_order):
-            return exchange(buffer)
-
-        if in_graph_mode():  # no automatic control dependencies: chain the tf.conds by hand
-            summed = tf.numpy_function(call, [flat, *self._chain.after_previous()], tf.float32, stateful=True)
-            self._chain.traced(summed)
-        else:
-            token = self._token_variable()
-            summed = tf.numpy_function(call, [flat, token.read_value()], tf.float32, stateful=True)
-            with tf.control_dependencies([summed]):
-                token.assign_add(1)
-        summed.set_shape([layout.n])
-        return {key: (summed[entry.offset:entry.offset + entry.size], entry.shape, g.dtype)
-                for entry, (key, g) in zip(layout.entries, recorded)}
-
-    def _token_variable(self):
-        if self._token is None:
-            with tf.init_scope():
-                self._token = tf.Variable(0, dtype=tf.int64, trainable=False, name="exchange_token")
-        return self._token
-
+def _on_gpu(tensor):
+    return "GPU" in (tensor.device or "").upper()

@@ -143,3 +143,140 @@ def test_real_workloads_are_models_of_the_step_benchmark():
     first.backward()
     assert all(p.grad is not None for p in m0.parameters())
     assert loss0().item() == pytest.approx(first.item(), rel=0.2)  # the same batch at every step
+
+
+# ------------------------------------------------------------------ --framework tensorflow
+def test_framework_options(monkeypatch):
+    monkeypatch.delenv(step.RATE_ENV, raising=False)
+    a = step.parse_args([])
+    assert (a.framework, a.tf_groups) == ("torch", 0)
+    b = step.parse_args(["--framework", "tensorflow", "--tf-groups", "2", "--models", "mlp5", "cnn"])
+    assert (b.framework, b.tf_groups, b.models) == ("tensorflow", 2, ["mlp5", "cnn"])
+    for bad in (["--framework", "jax"], ["--tf-groups", "2"],               # groups are TensorFlow's
+                ["--framework", "tensorflow", "--tf-groups", "-1"],
+                ["--framework", "tensorflow", "--models", "digits_resnet"]):  # workloads are PyTorch's
+        with pytest.raises(SystemExit):
+            step.parse_args(bad)
+
+
+def test_import_of_the_tf_runner_needs_no_tensorflow():
+    code = ("import sys, horovod_sparse.bench.step_tf, horovod_sparse.bench.step as d; "
+            "print(d.bench_class('tensorflow') is d.TFBench, d.bench_class('torch') is d.Bench, "
+            "sorted(m for m in ('tensorflow', 'torch', 'horovod', 'mpi4py') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True True []"
+
+
+def test_summarize_a_step_without_parts():
+    # TensorFlow's one traced step: no fwd+bwd / opt.step split, the whole step only
+    s = step.summarize([(0.3,), (0.1,), (0.2,)])
+    assert s["fwd_bwd_ms"] is None and s["step_ms"] is None
+    assert s["total_ms"] == pytest.approx(200) and s["total_ms_max"] == pytest.approx(300) and s["steps"] == 3
+    line = step.format_line({"framework": "tensorflow", "model": "mlp5", "np": 2, "link": "loopback",
+                             "compressor": "dense", **s, "replicas_identical": True, "vs_dense": 1.0})
+    assert line == "[step] mlp5 P=2 loopback dense: step 200 ms  identical yes  1.00x dense"
+    assert "opt.step" in step.format_line({"model": "m", "np": 2, "link": "loopback", "compressor": "dense",
+                                           **step.summarize([(0.1, 0.1)])})   # a record without framework: torch
+
+
+def test_digest_is_bitwise():
+    import numpy as np
+    a = [np.ones(3, np.float32), np.zeros((2, 2), np.float32)]
+    assert step.hash_values(a) == step.hash_values([x.copy() for x in a])
+    b = [a[0].copy(), a[1].copy()]
+    b[1][0, 0] = np.float32(1e-45)   # one denormal bit
+    assert step.hash_values(a) != step.hash_values(b)
+
+
+def test_keras_models_match_the_torch_ones():
+    from horovod_sparse.models import build_keras_model, build_model
+    for name in ("mlp30", "cnn"):
+        torch_model, torch_in, torch_out = build_model(name)
+        keras_model, keras_in, keras_out = build_keras_model(name)
+        assert keras_model.count_params() == sum(p.numel() for p in torch_model.parameters())
+        shapes = sorted(sorted(p.shape) for p in torch_model.parameters())   # (out, in) vs (in, out), OIHW vs HWIO
+        assert shapes == sorted(sorted(v.shape) for v in keras_model.trainable_variables)
+        assert torch_out == keras_out and sorted(torch_in) == sorted(keras_in)
+
+
+def test_tf_driver_files_and_command_line():
+    a = bench_step.parse_args(["--framework", "tensorflow", "--tf-groups", "1", "--links", "1gbit",
+                               "--models", "mlp5", "--python", "py"])
+    assert (a.out, a.data, a.png) == ("results/step-tf.jsonl", "docs/data/step-tf.jsonl", "docs/performance_tf.png")
+    bench = bench_step.link_command(a, "1gbit")
+    b = step.parse_args(bench[bench.index("--") + 4:])
+    assert (b.framework, b.tf_groups, b.models, b.out) == ("tensorflow", 1, ["mlp5"], "results/step-tf.jsonl")
+    t = bench_step.parse_args([])   # PyTorch keeps today's files
+    assert (t.framework, t.out, t.data, t.png) == ("torch", "results/step.jsonl", "docs/performance.jsonl",
+                                                   "docs/performance.png")
+    assert "--tf-groups" not in bench_step.link_command(t, "loopback")
+    assert bench_step.parse_args(["--framework", "tensorflow", "--data", "d.jsonl"]).data == "d.jsonl"
+    for bad in (["--compare-torch", "t.jsonl"], ["--tf-groups", "1"],
+                ["--framework", "tensorflow", "--models", "stdlib_lm"]):
+        with pytest.raises(SystemExit):
+            bench_step.parse_args(bad)
+
+
+def _tf_record(compressor, total, **kw):
+    r = _record(compressor, total=total, framework="tensorflow", tensorflow="2.21.0", tf_groups=0,
+                compute_ms=70.0, fwd_bwd_ms=None, step_ms=None, **kw)
+    r.pop("torch")
+    return r
+
+
+def test_tf_tables_beside_torch_and_their_own_block(tmp_path):
+    data = tmp_path / "mixed.jsonl"
+    torch_recs = [_record("dense", total=400.0, vs_dense=1.0), _record("topk:density=0.01", total=200.0, vs_dense=2.0),
+                  _record("hvd-fp16", total=300.0, vs_dense=400 / 300)]
+    tf_recs = [_tf_record("dense", 500.0, vs_dense=1.0), _tf_record("topk:density=0.01", 312.5, vs_dense=1.6),
+               _tf_record("hvd-fp16", None, error="RuntimeError: a|b"),
+               _tf_record("qsgd", 250.0, vs_dense=2.0)]   # no PyTorch record of qsgd
+    data.write_text("".join(json.dumps(r) + "\n" for r in torch_recs + tf_recs))
+    # old records have no framework field: PyTorch's; one file may hold both, each reads its own
+    assert "framework" not in torch_recs[0]
+    assert len(plot_step.load([str(data)], "torch")) == 3 and len(plot_step.load([str(data)], "tensorflow")) == 4
+    assert len(plot_step.load([str(data)])) == 7
+    tf_loaded = plot_step.load([str(data)], "tensorflow")
+    assert plot_step.torch_speedups(tf_loaded, plot_step.load([str(data)], "torch"))[1] == (2.0, pytest.approx(0.8))
+
+    text = plot_step.section(tf_loaded, "performance_tf.png", "tensorflow", str(data))
+    assert "| compressor | step ms | vs dense | identical | torch vs dense | TF / torch |" in text
+    assert "| dense (Horovod none) | 500 | 1.00x | yes | 1.00x | 1.00 |" in text
+    assert "| topk:density=0.01 | 312 | 1.60x | yes | 2.00x | 0.80 |" in text
+    assert "| fp16 (Horovod) | | | error: RuntimeError: a/b | 1.33x | |" in text
+    assert "| qsgd | 250 | 2.00x | yes | | |" in text
+    assert "TensorFlow 2.21.0, one allreduce request per gradient" in text and "`tf.GradientTape`) takes 70 ms" in text
+    alone = plot_step.section(tf_loaded, None, "tensorflow")   # no --compare-torch: no PyTorch columns
+    assert "| compressor | step ms | vs dense | identical |\n" in alone and "TF / torch" not in alone
+
+    # each framework rewrites its own block only; TensorFlow's is appended under its heading if absent
+    md = tmp_path / "performance.md"
+    md.write_text("# Intro\n\n<!-- results:begin -->\nold torch\n<!-- results:end -->\n\ntail\n")
+    plot_step.update_md(str(md), text, "tensorflow")
+    doc = md.read_text()
+    tf_begin = "<!-- results-tf:begin -->"
+    assert "old torch" in doc
+    assert doc.index("tail") < doc.index("## TensorFlow: step time through DistributedGradientTape")
+    assert doc.rstrip().endswith("<!-- results-tf:end -->")
+    plot_step.update_md(str(md), plot_step.markdown(plot_step.load([str(data)], "torch")))
+    again = md.read_text()
+    assert "old torch" not in again and again.split(tf_begin)[1] == doc.split(tf_begin)[1]
+    plot_step.update_md(str(md), "new tf", "tensorflow")
+    assert again.split(tf_begin)[0] == md.read_text().split(tf_begin)[0]
+    assert md.read_text().count("## TensorFlow") == 1
+
+
+def test_tf_report_regenerates_only_its_block(tmp_path, monkeypatch):
+    data, torch_data, md, png = (tmp_path / n for n in ("tf.jsonl", "torch.jsonl", "p.md", "p_tf.png"))
+    data.write_text("".join(json.dumps(r) + "\n" for r in [_tf_record("dense", 500.0, vs_dense=1.0)]))
+    torch_data.write_text(json.dumps(_record("dense", total=400.0, vs_dense=1.0)) + "\n")
+    md.write_text("# Intro\n\n<!-- results:begin -->\ntorch tables\n<!-- results:end -->\n")
+    monkeypatch.setattr(bench_step.plot_step, "plot", lambda recs, path, framework: open(path, "w").close())
+    a = bench_step.parse_args(["--framework", "tensorflow", "--report", str(md), "--data", str(data),
+                               "--png", str(png), "--compare-torch", str(torch_data)])
+    assert bench_step.report(a) == 0
+    doc = md.read_text()
+    assert "torch tables" in doc and "![TensorFlow step time per compressor](p_tf.png)" in doc
+    assert "| dense (Horovod none) | 500 | 1.00x | yes | 1.00x | 1.00 |" in doc
+    # torch's report of a file holding only TensorFlow records finds none
+    assert bench_step.report(bench_step.parse_args(["--report", str(md), "--data", str(data)])) == 1

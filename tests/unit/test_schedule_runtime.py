@@ -84,10 +84,16 @@ def test_schedule_is_a_parameter_of_the_out_of_band_compressors_only():
         hvds.Compression.fp16(schedule="wfbp")
 
 
-def test_the_tensorflow_frontend_refuses_schedules_clearly():
+def test_the_tensorflow_frontend_runs_its_schedules_and_refuses_planned_ones_clearly():
     import horovod_sparse.tensorflow as hvds_tf
-    with pytest.raises(ValueError, match="'schedule' is not supported .* PyTorch frontend only"):
-        hvds_tf.Compression.topk(density=0.01, schedule="wfbp")
+    assert hvds_tf.Compression.topk(density=0.01).schedule == "after_backward"
+    assert hvds_tf.Compression.topk(density=0.01, schedule="wfbp").schedule == "wfbp"
+    for planned in ("mgwfbp", "optimal", "asc", "auto"):
+        with pytest.raises(ValueError, match=r"schedule must be one of \['after_backward', 'wfbp'\] in TensorFlow, "
+                                             rf"got '{planned}'.*fixed when it is traced.*PyTorch frontend only"):
+            hvds_tf.Compression.topk(density=0.01, schedule=planned)
+    with pytest.raises(ValueError, match="'profile_steps' is not supported by TFOutOfBandCompressor .*PyTorch"):
+        hvds_tf.Compression.topk(density=0.01, profile_steps=3)
 
 
 def test_dense_is_the_plain_float32_sum_on_one_rank():

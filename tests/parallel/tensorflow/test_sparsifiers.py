@@ -1,5 +1,7 @@
-"""Sparsifiers behind DistributedGradientTape and the Keras DistributedOptimizer: one
-exchange per gradient, chained in trace order."""
+"""Sparsifiers behind DistributedGradientTape and the Keras DistributedOptimizer: one fused
+exchange per step (after_backward), or per gradient / group (wfbp), chained in trace order."""
+import time
+
 import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvd_keras
 import numpy as np
@@ -86,7 +88,7 @@ def test_gradient_tape_replicas_bitwise_identical_after_100_steps(spec, assert_i
     assert_identical_across_ranks(params)
     assert not np.allclose(params, start)
     assert np.mean(losses[-20:]) < np.mean(losses[:20])
-    assert sorted(layout.n for layout, _ in compression.pipelines.values()) == [64 * 4, 32 * 64]
+    assert compression.step_pipelines.layout.n == 32 * 64 + 64 * 4, "one exchange of the step's two kernels"
 
 
 def test_keras_fit_with_oktopk(assert_identical_across_ranks):
@@ -98,8 +100,8 @@ def test_keras_fit_with_oktopk(assert_identical_across_ranks):
     model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
               callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)])
     assert_identical_across_ranks(flat_weights(model))
-    assert len(compression.pipelines) == 2
-    assert all(s.last is not None for _, s in compression.pipelines.values())
+    assert len(compression.step_pipelines.layout.entries) == 2, "one exchange of the step's two kernels"
+    assert compression.step_pipelines.pipeline.last is not None
 
 
 def test_adasum_is_refused():
@@ -113,9 +115,11 @@ def test_adasum_is_refused():
         exchange(tf.ones([2048]))
 
 
-def test_grouped_tape_fuses_the_group_into_one_exchange(assert_identical_across_ranks, average_across_ranks):
-    """With groups=1 Horovod compresses every gradient before the first decompress: one fused top-k."""
-    compressor = hvds.Compression.topk(density=0.05, dense_below=64)
+@pytest.mark.parametrize("schedule", ["after_backward", "wfbp"])
+def test_grouped_tape_fuses_the_group_into_one_exchange(schedule, assert_identical_across_ranks, average_across_ranks):
+    """One fused top-k of the step's gradients: after_backward fuses the step whatever the grouping;
+    wfbp fuses what Horovod hands over at once, here one group (groups=1)."""
+    compressor = hvds.Compression.topk(density=0.05, dense_below=64, schedule=schedule)
     variables = [tf.Variable(tf.zeros(s)) for s in [(64, 40), (40,), (300,)]]
     rng = np.random.default_rng(800 + hvd.rank())
     targets = [rng.standard_normal(v.shape).astype(np.float32) for v in variables]
@@ -128,7 +132,10 @@ def test_grouped_tape_fuses_the_group_into_one_exchange(assert_identical_across_
         return tape.gradient(loss, variables)
 
     results = grads()
-    (keys, (layout, _)), = compressor.pipelines.items()
+    if schedule == "wfbp":
+        (keys, (layout, _)), = compressor.pipelines.items()
+    else:
+        layout = compressor.step_pipelines.layout
     assert layout.n == 64 * 40 + 300, "the two large gradients share one buffer"
     fused = np.concatenate([targets[0].ravel(), targets[2].ravel()])
     kept = np.zeros_like(fused)
@@ -169,6 +176,24 @@ def test_reduced_result_matches_what_ranks_kept(spec, average_across_ranks, asse
         np.testing.assert_allclose(result[info.selected], oracle[info.selected], rtol=1e-5, atol=1e-6)
         assert not np.any(np.delete(result, info.selected))
         residual = sparsifier.residual.copy()
+
+
+def test_a_step_with_other_gradients_on_one_rank_fails_on_every_rank():
+    """Rank 1 traces a step whose variable has another shape: the fused step's layouts differ,
+    and every rank fails at the step's layout agreement instead of waiting in a collective."""
+    compressor = hvds.Compression.topk(density=0.1, dense_below=0)
+    variable = tf.Variable(tf.zeros((20, 10) if hvd.rank() != 1 else (10, 20)))
+
+    @tf.function
+    def grads():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(variable * variable)
+        return hvd.DistributedGradientTape(tape, compression=compressor).gradient(loss, [variable])
+
+    started = time.monotonic()
+    with pytest.raises(Exception, match="exchange different gradients: rank\\(s\\) \\[1\\] differ from rank 0"):
+        grads()
+    assert time.monotonic() - started < 60
 
 
 def test_different_shapes_across_ranks_fail_on_every_rank():

@@ -18,6 +18,7 @@ import tensorflow as tf
 import horovod_sparse
 import horovod_sparse.tensorflow as hvds
 from horovod_sparse.layout import GradientLayout
+from horovod_sparse.layout_pipeline import LayoutPipeline
 from horovod_sparse.reference import ReferenceCompressor
 
 from test_sparsifiers import data, flat_weights, make_model
@@ -35,18 +36,26 @@ def is_out_of_band(spec):
 
 
 class Oracle:
-    """What Horovod must return per variable: independent references, one per variable
-    (or, for an out-of-band compressor under ``groups=1``, one per exchanged group)."""
+    """What Horovod must return per variable: independent references, one per variable for
+    the compressors Horovod's allreduce carries; for an out-of-band compressor one numpy
+    pipeline of the step's gradients whose state follows each variable (``after_backward``,
+    the default), or with ``schedule="wfbp"`` one per variable (one per group under ``groups=1``)."""
 
-    def __init__(self, spec, comm, average_across_ranks, grouped):
+    def __init__(self, spec, comm, average_across_ranks, grouped, schedule="after_backward"):
         self.spec, self.comm, self.average, self.grouped = spec, comm, average_across_ranks, grouped
         self.numpy = None if is_out_of_band(spec) else ReferenceCompressor.from_spec(spec)
         self.pipelines = {}
+        self.step = LayoutPipeline(lambda layout: horovod_sparse.create(spec).make_pipeline(
+            layout.n, comm, layout=layout)) if schedule == "after_backward" else None
 
     def reduce(self, named):
         """``named``: [(variable name, this rank's gradient)] in exchange order -> {name: result}."""
         if self.numpy is not None:
             return {name: self.average(self.numpy.decompress(*self.numpy.compress(g, name))) for name, g in named}
+        if self.step is not None:
+            layout = GradientLayout([(name, g.shape, "float32") for name, g in named])
+            summed = self.step.for_layout(layout).step(layout.fuse([g for _, g in named]), tag=layout.tag)
+            return dict(zip([name for name, _ in named], layout.split(summed / np.float32(self.comm.size))))
         buffers = [named] if self.grouped else [[item] for item in named]
         out = {}
         for buffer in buffers:
@@ -62,6 +71,8 @@ class Oracle:
     def close(self):
         for pipeline in self.pipelines.values():
             pipeline.close()
+        if self.step is not None:
+            self.step.close()
 
 
 def gradient_fn(compression, variables, mode, groups=None):
@@ -83,7 +94,8 @@ def check_against_oracle(compression, spec, mode, groups, comm, average_across_r
     variables = [tf.Variable(tf.zeros(shape), name=name) for name, shape in SHAPES.items()]
     names = [v.name for v in variables]
     step = gradient_fn(compression, variables, mode, groups)
-    oracle = Oracle(spec, comm, average_across_ranks, grouped=groups is not None)
+    oracle = Oracle(spec, comm, average_across_ranks, grouped=groups is not None,
+                    schedule=getattr(compression, "schedule", None))
     rng = np.random.default_rng(seed + 1000 * hvd.rank())
     tolerance = 2e-3 if spec == "fp16" else 1e-6
     try:
@@ -105,24 +117,31 @@ def check_against_oracle(compression, spec, mode, groups, comm, average_across_r
 
 
 # -- items 1 and 2: a variable without a gradient, frozen variables ----------------------
+@pytest.mark.parametrize("schedule", ["after_backward", "wfbp"])
 @pytest.mark.parametrize("groups", [None, 1])
 @pytest.mark.parametrize("mode", ["none", "frozen"])
 @pytest.mark.parametrize("name", list(SPECS))
-def test_missing_and_frozen_variables_keep_their_own_state(name, mode, groups, comm, average_across_ranks,
+def test_missing_and_frozen_variables_keep_their_own_state(name, mode, groups, schedule, comm, average_across_ranks,
                                                            assert_identical_across_ranks):
     """Variables drop out and come back (B and A in turn, same shape): every result equals the
-    oracle that gives each variable its own residual, kept while it is away."""
+    oracle that gives each variable its own residual, kept while it is away (after_backward: one
+    exchange of the step's gradients; wfbp: one per variable, or per group under groups=1)."""
+    if schedule == "wfbp" and not is_out_of_band(SPECS[name]):
+        pytest.skip("schedules belong to the out-of-band compressors")
     spec = SPECS[name]
-    compression = hvds.Compression.from_spec(spec)
+    compression = hvds.Compression.from_spec(spec, **({"schedule": schedule} if is_out_of_band(spec) else {}))
     names = check_against_oracle(compression, spec, mode, groups, comm, average_across_ranks,
                                  assert_identical_across_ranks)
     if name == "randomk":  # one residual and step counter per variable, counted only when present
         steps = {key: int(slot.step.numpy()) for key, slot in compression.state.slots.items()}
         assert steps == {n: sum(n[0] in p for p in PATTERNS) for n in names}
-    if is_out_of_band(spec) and groups is None:
+    if is_out_of_band(spec) and schedule == "wfbp" and groups is None:
         assert sorted(compression.pipelines) == sorted((n,) for n in names)
         assert {k[0]: s.step_count for k, (_, s) in compression.pipelines.items()} == \
             {n: sum(n[0] in p for p in PATTERNS) for n in names}
+    if is_out_of_band(spec) and schedule == "after_backward":  # one exchange a step, whatever the grouping
+        assert compression.pipelines == {}
+        assert compression.step_pipelines.pipeline.step_count == len(PATTERNS)
 
 
 @pytest.mark.parametrize("name", list(SPECS))
@@ -154,8 +173,9 @@ def test_freezing_a_layer_mid_training_keeps_replicas_identical(name, assert_ide
         assert_identical_across_ranks(flat_weights(model))
         assert np.array_equal(first.numpy(), before) == frozen, f"phase {phase}: the first layer moved iff not frozen"
     kernels = [model.layers[0].kernel.name, model.layers[1].kernel.name]
-    if is_out_of_band(SPECS[name]):  # the frozen kernel's pipeline waited; the other ran every step
-        assert [compression.pipelines[(k,)][1].step_count for k in kernels] == [20, 30]
+    if is_out_of_band(SPECS[name]):  # one exchange a step; the frozen kernel left it and came back
+        assert compression.step_pipelines.pipeline.step_count == 30
+        assert [e.key for e in compression.step_pipelines.layout.entries] == kernels
     elif name == "randomk":
         assert [int(compression.state.slots[k].step.numpy()) for k in kernels] == [20, 30]
 
@@ -222,19 +242,23 @@ def test_stateful_compressor_built_inside_the_step_fails_at_once(name):
         step([tf.ones(s) for s in SHAPES.values()])
 
 
+@pytest.mark.parametrize("schedule", ["after_backward", "wfbp"])
 @pytest.mark.parametrize("name", list(SPECS))
-def test_tf1_graph_mode_session_initialises_the_compressors_variables(name, comm, average_across_ranks,
+def test_tf1_graph_mode_session_initialises_the_compressors_variables(name, schedule, comm, average_across_ranks,
                                                                       assert_identical_across_ranks):
     """TF1 style: a graph, hvd.DistributedOptimizer over a v1 optimizer, a Session and
     global_variables_initializer. A plain graph has no automatic control dependencies: the
     residual updates must still run (randomk's step counters advance), and each out-of-band
-    exchange's tf.cond must wait for the previous one's, so that ranks exchange in one order."""
+    exchange's tf.cond must wait for the previous one's, so that ranks exchange in one order
+    (wfbp; after_backward traces one exchange of the step, outside the tf.conds)."""
+    if schedule == "wfbp" and not is_out_of_band(SPECS[name]):
+        pytest.skip("schedules belong to the out-of-band compressors")
     spec = SPECS[name]
-    oracle = Oracle(spec, comm, average_across_ranks, grouped=False)
+    oracle = Oracle(spec, comm, average_across_ranks, grouped=False, schedule=schedule)
     rng = np.random.default_rng(70 + hvd.rank())
     try:
         with tf.Graph().as_default() as graph:
-            compression = hvds.Compression.from_spec(spec)
+            compression = hvds.Compression.from_spec(spec, **({"schedule": schedule} if is_out_of_band(spec) else {}))
             variables = [tf.compat.v1.get_variable(n, initializer=tf.zeros(s)) for n, s in SHAPES.items()]
             targets = [tf.compat.v1.placeholder(tf.float32, s) for s in SHAPES.values()]
             loss = tf.add_n([tf.reduce_sum(v * t) for v, t in zip(variables, targets)])
@@ -244,19 +268,19 @@ def test_tf1_graph_mode_session_initialises_the_compressors_variables(name, comm
             with tf.compat.v1.Session() as session:
                 session.run(tf.compat.v1.global_variables_initializer())
                 assert len(session.run(tf.compat.v1.report_uninitialized_variables())) == 0
-                for _ in range(3):
+                for step in range(3):
                     values = [rng.standard_normal(s).astype(np.float32) for s in SHAPES.values()]
                     reduced, _ = session.run([[g for g, _ in grads_and_vars], train], dict(zip(targets, values)))
                     want = oracle.reduce([(v.name, t) for v, t in zip(variables, values)])
                     tolerance = 2e-3 if spec == "fp16" else 1e-6
                     for v, result in zip(variables, reduced):
-                        np.testing.assert_allclose(result, want[v.name], rtol=tolerance, atol=tolerance)
+                        np.testing.assert_allclose(result, want[v.name], rtol=tolerance, atol=tolerance, err_msg=f"step {step}: {v.name}")
                         assert_identical_across_ranks(result)
                 assert_identical_across_ranks(np.concatenate([w.ravel() for w in session.run(variables)]))
                 if name == "randomk":
                     assert [session.run(slot.step) for slot in compression.state.slots.values()] == [3, 3, 3]
             conds = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
             chained = [op for op in conds if any(t.op in conds for t in op.inputs)]
-            assert len(chained) == (len(SHAPES) - 1 if is_out_of_band(spec) else 0)
+            assert len(chained) == (len(SHAPES) - 1 if is_out_of_band(spec) and schedule == "wfbp" else 0)
     finally:
         oracle.close()
