@@ -298,7 +298,7 @@ class PowerSGDPipeline(Pipeline):
         out = namespace.new_empty(self.n, "float32", acc)                             # step 6
         self._expand(out, basis, q_sum, ws)
         _scatter_dense(plan, host.from_host(p_summed[plan.p_size:], acc), out)
-        factors = (_copy(basis), _copy(ws.q_send), _copy(ws.send[plan.p_size:]))
+        factors = tuple(namespace.copy_of(x) for x in (basis, ws.q_send, ws.send[plan.p_size:]))
         if self.error_feedback:
             self._expand(acc, basis, ws.q_send, ws, subtract=True)
             self._memory.commit_cleared(acc, ws.dense_positions)
@@ -390,10 +390,6 @@ def _scatter_dense(plan, dense, buffer):
     for a, b in plan.dense_slices:
         buffer[a:b] = dense[at:at + b - a]
         at += b - a
-
-
-def _copy(x):
-    return x.clone() if namespace.is_torch(x) else x.copy()
 
 
 def _moved(array, like):

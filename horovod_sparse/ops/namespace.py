@@ -117,7 +117,7 @@ def copy_of(x):
     """A copy of ``x`` that nothing else writes to (TensorFlow tensors are immutable: ``x`` itself)."""
     if is_tensorflow(x):
         return x
-    return x.clone() if is_torch(x) else np.array(x, copy=True)
+    return x.clone() if is_torch(x) else x.copy()
 
 
 def concat_float32(pieces):

@@ -74,7 +74,7 @@ def horovod_variable_name(tensor, depth=64):
     found = horovod_gradients(tensor, depth)
     if found is None:
         return None
-    return next(name for name, grad in found if _same_tensor(grad, tensor))
+    return next(name for name, grad in found if grad is tensor)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -86,27 +86,8 @@ def horovod_gradients(tensor, depth=64):
         local = frame.f_locals
         grads, variables = local.get("grads"), local.get("vars")
         if isinstance(grads, (list, tuple)) and isinstance(variables, (list, tuple)) \
-                and len(grads) == len(variables) and any(_same_tensor(grad, tensor) for grad in grads):
+                and len(grads) == len(variables) and any(grad is tensor for grad in grads):
             names = [v.name for v in variables]
             return [(name if names.count(name) == 1 else f"{name}#{names[:i].count(name)}", grad)
                     for i, (name, grad) in enumerate(zip(names, grads))]
     return None
-
-
-@tf.autograph.experimental.do_not_convert
-def in_horovod_group(tensor, depth=64):
-    """True when Horovod compresses ``tensor`` as part of a group (``groups=`` /
-    ``num_groups``: ``grouped_allreduce(tensors)``), not alone (``allreduce(tensor)``)."""
-    for frame in _frames(sys._getframe(1), depth):
-        if frame.f_code.co_name.endswith("grouped_allreduce"):  # autograph: tf__grouped_allreduce
-            tensors = frame.f_locals.get("tensors")
-            if isinstance(tensors, (list, tuple)) and any(_same_tensor(t, tensor) for t in tensors):
-                return True
-    return False
-
-
-def _same_tensor(a, b):
-    """``a`` is ``b``, or the same graph tensor through another Python object (Horovod's grouped
-    path hands ``compress`` such twins of the gradients in its list)."""
-    return a is b or (isinstance(a, tf.Tensor) and isinstance(b, tf.Tensor) and not tf.executing_eagerly()
-                      and a.graph is b.graph and a.name == b.name)

@@ -100,10 +100,12 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             return self.compress_dense(tensor, key)
         probe = tf.ones([1], tf.float32)
         self.record(key, tensor, probe)
+        if key in self._results and self._step_graph is outermost_graph():
+            return probe, ("sparse", key)  # the step's exchange, traced at its first gradient, has it
         step = self._step_gradients(tensor) if self.schedule == "after_backward" and name is None else None
         if step is None:  # wfbp, or no gradient list in sight: the bucket is what Horovod hands over
             self._recorded.append((key, tensor))
-        elif key not in self._results or self._step_graph is not outermost_graph():
+        else:
             self._exchange_step(step)
         return probe, ("sparse", key)
 

@@ -280,3 +280,23 @@ def test_tf_report_regenerates_only_its_block(tmp_path, monkeypatch):
     assert "| dense (Horovod none) | 500 | 1.00x | yes | 1.00x | 1.00 |" in doc
     # torch's report of a file holding only TensorFlow records finds none
     assert bench_step.report(bench_step.parse_args(["--report", str(md), "--data", str(data)])) == 1
+
+
+def test_keras_api_option_and_its_own_tables():
+    """``--tf-api keras`` passes through the driver to the ranks, belongs to TensorFlow, and its
+    records form their own tables (a Keras run never replaces the tape's rows)."""
+    a = bench_step.parse_args(["--framework", "tensorflow", "--tf-api", "keras", "--models", "mlp5"])
+    bench = bench_step.link_command(a, "loopback")
+    assert step.parse_args(bench[bench.index("--") + 4:]).tf_api == "keras"
+    assert "--tf-api" not in bench_step.link_command(bench_step.parse_args(["--framework", "tensorflow"]), "loopback")
+    for bad in (["--tf-api", "keras"], ["--framework", "tensorflow", "--tf-api", "jax"]):
+        with pytest.raises(SystemExit):
+            bench_step.parse_args(bad)
+    tape = [_tf_record("dense", 500.0, vs_dense=1.0), _tf_record("topk:density=0.01", 250.0, vs_dense=2.0)]
+    keras = [_tf_record("dense", 600.0, vs_dense=1.0, tf_api="keras"),
+             _tf_record("topk:density=0.01", 400.0, vs_dense=1.5, tf_api="keras")]
+    groups = plot_step.groups(tape + keras)
+    assert [key[3] for key in groups] == ["tape", "keras"]
+    assert [r["total_ms"] for r in groups[next(iter(groups))]] == [500.0, 250.0]
+    text = plot_step.markdown_tf(tape + keras)
+    assert text.count("Keras `model.train_on_batch`") == 1 and "| 400 | 1.50x |" in text
