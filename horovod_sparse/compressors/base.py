@@ -62,6 +62,10 @@ class OutOfBandCompressor(Compressor):
     stateful = True
     #: its pipeline has ``step_sparse`` (sorted indices and their sums, O(k)), not only ``step``
     sparse_result = False
+    #: its pipeline's step also runs as TensorFlow ops on the gradients' device (every kernel
+    #: it uses has a TensorFlow spelling): the TensorFlow frontend then runs it there on a GPU
+    #: (or with ``on_device=True``) and only its payload crosses to numpy
+    tensorflow_ops = False
 
     def make_pipeline(self, n, comm, layout=None):
         """The pipeline for a buffer of ``n`` elements on ``comm`` (collective: every rank of

@@ -34,6 +34,7 @@ class SparsifyingCompressor(OutOfBandCompressor):
     """Base of the sparsifying compressors: an out-of-band compressor with a target count k."""
 
     sparse_result = True
+    tensorflow_ops = True
 
     def k_for(self, n):
         """Target number of entries for a buffer of ``n`` elements."""

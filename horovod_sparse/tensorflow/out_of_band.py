@@ -184,9 +184,9 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             # TensorFlow keeps what the host call returns without copying it: not a reused buffer
             return dense_parts(layout, summed if pipeline.fresh_result else copy_of(summed))
 
-        # The sparsifiers run as TensorFlow ops where the gradients are (on a GPU, or when asked);
-        # the other pipelines have no TensorFlow spelling yet and run on numpy (a host copy on a GPU).
-        on_device = sparse and (self.on_device or any(_on_gpu(g) for _, g in recorded))
+        # A pipeline with a TensorFlow spelling runs as TensorFlow ops where the gradients are (on
+        # a GPU, or when asked); one without runs on numpy (a host copy of the gradients on a GPU).
+        on_device = self.algorithm.tensorflow_ops and (self.on_device or any(_on_gpu(g) for _, g in recorded))
         return self._in_order.run(exchange, recorded, layout, sparse=sparse, on_device=on_device)
 
     # -- checkpointing: the buckets' pipelines, and the whole step's by gradient -----------
