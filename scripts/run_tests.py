@@ -94,10 +94,12 @@ def main():
                         choices=["unit", *PARALLEL_GROUPS])
     parser.add_argument("--np", type=int, nargs="+", help="only these process counts")
     parser.add_argument("-k", help="pytest -k expression")
+    parser.add_argument("--results", type=Path, default=ROOT / "results" / "tests",
+                        help="where the logs and JUnit files go (emptied first; default results/tests)")
     args = parser.parse_args()
     extra = ["-k", args.k] if args.k else []
 
-    results = ROOT / "results" / "tests"
+    results = args.results.resolve()
     shutil.rmtree(results, ignore_errors=True)
     results.mkdir(parents=True)
     totals = {"passed": 0, "failed": 0, "skipped": 0}
