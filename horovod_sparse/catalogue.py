@@ -31,8 +31,7 @@ def make_compression_namespace(in_band_cls, out_of_band_cls, doc, auto_cls=None)
         if getattr(algorithm, "out_of_band", False):
             unsupported = sorted(set(own) - set(inspect.signature(out_of_band_cls.__init__).parameters))
             if unsupported:
-                raise ValueError(f"{name}: parameter {unsupported[0]!r} is not supported by {out_of_band_cls.__name__} "
-                                 "(planned schedules, profiled and tried on the job, run in the PyTorch frontend only)")
+                raise ValueError(f"{name}: parameter {unsupported[0]!r} is not supported by {out_of_band_cls.__name__}")
             return out_of_band_cls(algorithm, **own)
         if own:
             raise ValueError(f"{name} has no parameter {sorted(own)[0]!r} (only the out-of-band compressors "

@@ -354,7 +354,7 @@ def run_schedule(a):
     if ours:
         import horovod_sparse.torch as hvds
         from horovod_sparse.schedule.planner import PLANNED
-        from horovod_sparse.torch.trials import WARMUP_STEPS
+        from horovod_sparse.step.trials import WARMUP_STEPS
         trials = {"trial_steps": TRIAL_STEPS} if a.schedule == "auto" else {}
         compression = hvds.Compression.from_spec(a.compressor, schedule=a.schedule, profile_steps=PROFILE_STEPS,
                                                  **trials)

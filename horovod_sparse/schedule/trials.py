@@ -1,5 +1,5 @@
 """Plans settled by measurement: each candidate runs a few steps, and the one measured
-fastest is kept, the same on every rank. ``schedule="auto"`` (:mod:`horovod_sparse.torch.trials`)
+fastest is kept, the same on every rank. ``schedule="auto"`` (:mod:`horovod_sparse.step.trials`)
 and ``Compression.auto`` (:mod:`horovod_sparse.auto.runtime`) both decide this way.
 
 1. Each candidate runs one warm-up step (new buckets make their pipelines, and a sparsifier's

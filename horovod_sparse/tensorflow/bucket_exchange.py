@@ -82,18 +82,20 @@ class InOrderHostExchanges:
         self._token = None                  # orders the exchanges inside tf.function
         self._chain = GraphExchangeChain()  # orders them in a plain (TF1-style) graph
 
-    def run(self, exchange, recorded, layout, sparse=False, on_device=False):
+    def run(self, exchange, recorded, layout, sparse=False, on_device=False, ready=None):
         """Trace one exchange of the gradients ``recorded`` (``[(key, tensor)]``, laid out by
         ``layout``). ``exchange(pieces)`` gets one flat piece per gradient (numpy arrays, or TF
         tensors with ``on_device``) and returns each gradient's part of the sum, in layout order:
         ``(indices, values)`` with ``sparse``, else a float32 array of the gradient's size.
-        Returns ``{key: BucketPart}``."""
-        pieces = [tf.reshape(g, [-1]) for _, g in recorded]
-        count = len(pieces)
+        With ``ready`` (tensors), the call takes those instead of the gradients, and
+        ``exchange`` gets None: the gradients went to the exchange by other calls
+        (:mod:`~horovod_sparse.tensorflow.planned_step`). Returns ``{key: BucketPart}``."""
+        pieces = [tf.reshape(g, [-1]) for _, g in recorded] if ready is None else list(ready)
+        count = len(recorded)
         kinds = [tf.int64, tf.float32] if sparse else [tf.float32]
 
-        def call(*inputs):  # inputs: the pieces, then what orders the call
-            parts = exchange(list(inputs[:count]))
+        def call(*args):  # the pieces (or what the call waits for), then what orders the call
+            parts = exchange(list(args[:count]) if ready is None else None)
             flat = []
             for part in parts:
                 flat.extend(part if sparse else (part,))

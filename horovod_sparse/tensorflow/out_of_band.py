@@ -17,10 +17,12 @@ gradients travel is the ``schedule``'s business:
   and the missing one keeps its residual until it returns;
 - ``"wfbp"``: what Horovod hands over at once is exchanged at its first ``decompress``: one
   gradient, or one ``groups=`` group, each with its own pipeline (keyed by the tuple of its
-  variables' names; a group that loses a variable is a new group, with fresh residuals).
-
-Planned schedules (mgwfbp, optimal, asc, auto) need measured steps and then other buckets,
-but a traced step's exchanges are fixed when it is traced: they run in the PyTorch frontend only.
+  variables' names; a group that loses a variable is a new group, with fresh residuals);
+- the planned schedules (``"mgwfbp"``, ``"optimal"``, ``"asc"``, ``"auto"``): the step's first
+  ``compress`` traces one arrival call per gradient and one collecting call, and the
+  schedule's runtime, PyTorch's, decides the buckets at run time: profiled steps, then a
+  plan whose buckets go out on channel threads while backward goes on
+  (:mod:`~horovod_sparse.tensorflow.planned_step`).
 
 Each exchange is one host call in trace order on every rank
 (:mod:`~horovod_sparse.tensorflow.bucket_exchange`): the gradients go in unfused, a sparsifier's
@@ -33,16 +35,21 @@ from horovod.tensorflow.compression import Compressor as HorovodCompressor
 from horovod.tensorflow.mpi_ops import Adasum
 
 from horovod_sparse.agreement import agree_on_layout, check_same_on_every_rank, communicator_of, raise_on_every_rank
+from horovod_sparse.checks import check_choice, check_positive_int
 from horovod_sparse.horovod_frames import check_caller
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.layout_pipeline import LayoutPipeline
 from horovod_sparse.ops.tf_ops import TFOps
 from horovod_sparse.out_of_band import OutOfBandCompressorBase
 from horovod_sparse.ops.namespace import concat_float32, copy_of
+from horovod_sparse.schedule.planner import SCHEDULES
+from horovod_sparse.step.exchanges import StepExchanges
 from horovod_sparse.tensorflow.bucket_exchange import InOrderHostExchanges, dense_parts, sparse_parts
 from horovod_sparse.tensorflow.construction import refuse_inside_trace
 from horovod_sparse.tensorflow.gradient_keys import GradientKeys, horovod_gradients
 from horovod_sparse.tensorflow.graph_mode import outermost_graph
+from horovod_sparse.tensorflow.planned_step import PlannedStep
+from horovod_sparse.tensorflow.step_arrays import HOST_ARRAYS
 
 
 class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
@@ -52,8 +59,12 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         algorithm: an out-of-band compressor (``horovod_sparse.create("topk:density=0.01")``).
         dense_below: gradients with fewer elements (and non-float ones) go through Horovod's
             allreduce unchanged.
-        schedule: ``"after_backward"`` (default: one fused exchange of the step's gradients)
-            or ``"wfbp"`` (one exchange per gradient, or per Horovod group); see the module.
+        schedule: ``"after_backward"`` (default: one fused exchange of the step's gradients),
+            ``"wfbp"`` (one exchange per gradient, or per Horovod group), or a planned
+            schedule as in PyTorch (``"mgwfbp"``, ``"optimal"``, ``"asc"``, ``"auto"``); see the module.
+        profile_steps, trial_steps: the planned schedules' profiled steps and, with ``"auto"``,
+            timed steps per candidate plan (integers >= 1; as
+            :class:`~horovod_sparse.torch.out_of_band.TorchOutOfBandCompressor`).
 
     Gradients are identified as in :class:`~horovod_sparse.tensorflow.TFCompressor` (variable
     name under Horovod's gradient allreduce, else position in the traced function;
@@ -72,10 +83,15 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
 
     ops = TFOps()
 
-    def __init__(self, algorithm, dense_below=None, schedule="after_backward"):
+    def __init__(self, algorithm, dense_below=None, schedule="after_backward", profile_steps=3, trial_steps=5):
         refuse_inside_trace(algorithm)
         super().__init__(algorithm, *(() if dense_below is None else (dense_below,)))
-        self.schedule = check_tf_schedule(schedule)
+        self.schedule = check_choice("schedule", schedule, SCHEDULES)
+        self.profile_steps = check_positive_int("profile_steps", profile_steps)
+        self.trial_steps = check_positive_int("trial_steps", trial_steps)
+        # a planned schedule's runtime: the buckets are decided when the step runs, not traced
+        self.planned = None if schedule in ("after_backward", "wfbp") else PlannedStep(
+            StepExchanges(algorithm, HOST_ARRAYS, schedule, self.profile_steps, self.trial_steps), lambda: self.comm)
         # the whole step's pipeline (after_backward): each gradient's state follows it by key
         # when the step's set of gradients changes (a variable without gradient, or frozen)
         self.step_pipelines = LayoutPipeline(
@@ -102,7 +118,7 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self.record(key, tensor, probe)
         if key in self._results and self._step_graph is outermost_graph():
             return probe, ("sparse", key)  # the step's exchange, traced at its first gradient, has it
-        step = self._step_gradients(tensor) if self.schedule == "after_backward" and name is None else None
+        step = self._step_gradients(tensor) if self.schedule != "wfbp" and name is None else None
         if step is None:  # wfbp, or no gradient list in sight: the bucket is what Horovod hands over
             self._recorded.append((key, tensor))
         else:
@@ -142,7 +158,11 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         gradients (a trace where a variable has none) moves their state by key."""
         layout = GradientLayout([(key, self.ops.shape(g), self.ops.dtype_name(g)) for key, g in step])
         with outermost_graph().as_default():
-            self._results.update(self._trace_exchange(self._step_pipeline, step, layout))
+            if self.planned is None:
+                self._results.update(self._trace_exchange(self._step_pipeline, step, layout))
+            else:
+                self._results.update(self.planned.trace(self._in_order, step, layout, self.algorithm.sparse_result,
+                                                        self._on_device(step)))
         self._step_graph = outermost_graph()
 
     def _step_pipeline(self, layout):
@@ -184,18 +204,31 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             # TensorFlow keeps what the host call returns without copying it: not a reused buffer
             return dense_parts(layout, summed if pipeline.fresh_result else copy_of(summed))
 
-        # A pipeline with a TensorFlow spelling runs as TensorFlow ops where the gradients are (on
-        # a GPU, or when asked); one without runs on numpy (a host copy of the gradients on a GPU).
-        on_device = self.algorithm.tensorflow_ops and (self.on_device or any(_on_gpu(g) for _, g in recorded))
-        return self._in_order.run(exchange, recorded, layout, sparse=sparse, on_device=on_device)
+        return self._in_order.run(exchange, recorded, layout, sparse=sparse, on_device=self._on_device(recorded))
+
+    def _on_device(self, recorded):
+        """A pipeline with a TensorFlow spelling runs as TensorFlow ops where the gradients are (on
+        a GPU, or when asked); one without runs on numpy (a host copy of the gradients on a GPU)."""
+        return self.algorithm.tensorflow_ops and (self.on_device or any(_on_gpu(g) for _, g in recorded))
+
+    @property
+    def schedule_report(self):
+        """A planned schedule's report once planned (what was measured and chosen), else None."""
+        return None if self.planned is None else self.planned.exchanges.report
+
+    def last_step_timeline(self):
+        """A planned schedule's last step: when its gradients arrived and its buckets were
+        exchanged (:meth:`~horovod_sparse.step.channels.ChannelExchanges.timeline`); None before."""
+        return None if self.planned is None else self.planned.exchanges.timeline()
 
     # -- checkpointing: the buckets' pipelines, and the whole step's by gradient -----------
     def state_dict(self):
         """``{bucket: pipeline state}`` (``schedule="wfbp"``: one gradient, or a Horovod group as a
         tuple of names) and, for the whole step's exchange, ``{STEP_KEY: {gradient key: its
-        slices, "(fused)": the whole buffer's state}}``. Each rank saves its own."""
+        slices, "(fused)": the whole buffer's state (a planned schedule's: its plan too)}}``.
+        Each rank saves its own."""
         state = super().state_dict()
-        step = self.step_pipelines.state_dict()
+        step = self._step_runtime().state_dict()
         if step:
             state[STEP_KEY] = step
         return state
@@ -205,36 +238,36 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         state_dict = dict(state_dict)
         step = state_dict.pop(STEP_KEY, None)
         if step is not None:
-            self.step_pipelines.load_state_dict(step)
+            self._step_runtime().load_state_dict(step)
         super().load_state_dict(state_dict)
 
+    def _step_runtime(self):
+        """What holds the whole step's state: the planned schedule's runtime, or the step's pipeline."""
+        return self.step_pipelines if self.planned is None else self.planned.exchanges
+
     def exchanging_pipelines(self):
-        step = self.step_pipelines.pipeline
-        return super().exchanging_pipelines() + ([] if step is None else [step])
+        if self.planned is not None:
+            step = [pipeline for _, pipeline in self.planned.exchanges.pipelines.values()]
+        else:
+            step = [] if self.step_pipelines.pipeline is None else [self.step_pipelines.pipeline]
+        return super().exchanging_pipelines() + step
 
     def close(self):
-        """Free the pipelines' communicators, and their buffers: the traced step keeps this
-        compressor alive as long as TensorFlow keeps the step's graph."""
+        """Free the pipelines' communicators (and a planned schedule's channels), and their
+        buffers: the traced step keeps this compressor alive as long as TensorFlow keeps the
+        step's graph."""
         super().close()
         self.step_pipelines.close()
         self.pipelines, self._results = {}, {}
         self.step_pipelines = LayoutPipeline(self.step_pipelines.make)
+        if self.planned is not None:
+            self.planned.exchanges.close()
+            self.planned.exchanges = StepExchanges(self.algorithm, HOST_ARRAYS, self.schedule,
+                                                   self.profile_steps, self.trial_steps)
 
 
-#: the schedules of the TensorFlow frontend: the buckets are fixed when the step is traced
-TF_SCHEDULES = ("after_backward", "wfbp")
 #: key of the whole step's exchange in :meth:`TFOutOfBandCompressor.state_dict`
 STEP_KEY = "(step)"
-
-
-def check_tf_schedule(schedule):
-    """``schedule`` if the TensorFlow frontend runs it, else ValueError saying what it runs and why."""
-    if schedule not in TF_SCHEDULES:
-        raise ValueError(
-            f"schedule must be one of {list(TF_SCHEDULES)} in TensorFlow, got {schedule!r}: a traced step's "
-            "exchanges are fixed when it is traced, so plans made from measured steps (mgwfbp, optimal, "
-            "asc, auto) run in the PyTorch frontend only")
-    return schedule
 
 
 def _on_gpu(tensor):

@@ -10,7 +10,7 @@ Each step:
    :class:`~horovod_sparse.torch.out_of_band.TorchOutOfBandCompressor` does). A residual the
    gradient left behind in a change of plan is added to it first.
 2. The step's first ``decompress`` exchanges each candidate's gradients as one fused bucket
-   (:class:`~horovod_sparse.torch.buckets.Bucket`), then lets the runtime do its phase's
+   (:class:`~horovod_sparse.step.bucket.Bucket`), then lets the runtime do its phase's
    bookkeeping (collective: every rank, the same step).
 3. Each ``decompress`` returns Horovod's result (dense) or writes its part of its bucket's sum.
 """
@@ -24,8 +24,9 @@ from horovod_sparse.agreement import check_same_on_every_rank, communicator_of, 
 from horovod_sparse.auto.decide import DENSE_CHOICES, FP16, NONE, Costs
 from horovod_sparse.auto.runtime import AutoRuntime, fit_line
 from horovod_sparse.horovod_frames import caller_gradient, caller_process_set, check_caller
-from horovod_sparse.torch.buckets import Bucket
-from horovod_sparse.torch.profiling import fit_exchange_cost, probe_lengths
+from horovod_sparse.step.bucket import Bucket
+from horovod_sparse.step.profiling import fit_exchange_cost, probe_lengths
+from horovod_sparse.torch.buckets import TORCH_ARRAYS
 
 #: largest exchange (elements) timed to fit a cost; larger ones follow the line
 PROBE_ELEMENTS = 1 << 22
@@ -69,7 +70,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.buckets = {spec: Bucket(algorithm) for spec, algorithm in self.algorithms.items()}
+        self.buckets = {spec: Bucket(algorithm, TORCH_ARRAYS) for spec, algorithm in self.algorithms.items()}
         self._horovod = {NONE: NoneCompressor, FP16: FP16Compressor}
         self._comm = None
         self._process_set = None
@@ -148,7 +149,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
     # -- the runtime's hooks ----------------------------------------------------------------
     def fit_costs(self, known, sizes):
         """Horovod's allreduce at a few sizes, each candidate's bucket on copies of the step's
-        gradients (:func:`~horovod_sparse.torch.profiling.fit_exchange_cost`); slowest rank's times."""
+        gradients (:func:`~horovod_sparse.step.profiling.fit_exchange_cost`); slowest rank's times."""
         comm = self._comm
         process_set = hvd.global_process_set if self._process_set is None else self._process_set
         device = self._gradients[known[0]].device
@@ -158,7 +159,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
             run = (lambda b=buffer, m=m: hvd.allreduce(b, op=hvd.Sum, name=f"horovod_sparse.auto.probe.{m}",
                                                        process_set=process_set))
             points.append((4 * m, time_collective(comm, run, repeats=2)))
-        fitted = {spec: fit_line(fit_exchange_cost(algorithm, known, self._gradients, [(comm, None)], spec,
+        fitted = {spec: fit_line(fit_exchange_cost(algorithm, TORCH_ARRAYS, known, self._gradients, [(comm, None)], spec,
                                                    repeats=1, factor=PROBE_FACTOR,
                                                    max_bytes=4 * PROBE_ELEMENTS)["points"])
                   for spec, algorithm in self.algorithms.items()}

@@ -1,93 +1,57 @@
-"""One exchange of some of a step's gradients, and its result written back into them.
+"""PyTorch's side of a bucket's exchange: its gradients fused, and the result written back.
 
-A :class:`Bucket` is a set of gradients exchanged together by one pipeline: all of a
-step's gradients (``schedule="after_backward"``, one exchange after backward) or one
-bucket of a schedule's plan (:mod:`horovod_sparse.torch.channels`). Its pipeline's state
-follows each gradient by key (:class:`~horovod_sparse.layout_pipeline.LayoutPipeline`), so
-gradients can move between buckets (a new plan, a frozen layer) and keep their residuals.
+The exchange itself, the same for every frontend, is :class:`horovod_sparse.step.bucket.Bucket`;
+:class:`TorchStepArrays` tells it how to read torch tensors, :class:`FusedBuffer` fuses them
+for the pipelines that take one buffer, and :class:`StepSum` writes each gradient's part of
+the sum back into the gradient tensor.
 
-    bucket = Bucket(horovod_sparse.create("topk", density=0.01))
+    bucket = Bucket(horovod_sparse.create("topk", density=0.01), TORCH_ARRAYS)
     step_sum = bucket.exchange({"fc.weight": grad}, frozen={}, comm=comm, name="topk")
     step_sum.write("fc.weight", scale=0.5)        # the average, written into grad
 """
 import torch
 
-from horovod_sparse.agreement import agree_on_layout, raise_on_every_rank
-from horovod_sparse.layout import GradientLayout, key_order  # noqa: F401 (key_order: for the schedules)
 from horovod_sparse.ops.torch_ops import TorchOps
-from horovod_sparse.layout_pipeline import LayoutPipeline
 
-FROZEN_WITH_GRADIENT = ("a frozen parameter (requires_grad False) has a non-zero gradient; frozen parameters "
-                        "are not exchanged: zero their gradients (opt.zero_grad())")
 OPS = TorchOps()
 
 
-class Bucket:
-    """Gradients exchanged together, with their pipeline, fused buffer and layout.
+class TorchStepArrays:
+    """The step runtime's view of torch tensors (:mod:`horovod_sparse.step.bucket`): what a
+    :class:`~horovod_sparse.step.bucket.Bucket` asks of the gradients, and a :class:`StepSum`
+    that writes its result back into them."""
 
-    keys: the bucket's gradient keys in the order they are laid out (the plan's order,
-        the same on every rank), or None for "every gradient given, sorted by key".
-    """
+    def describe(self, g):
+        return OPS.shape(g), OPS.dtype_name(g)
 
-    def __init__(self, algorithm, keys=None):
-        self.algorithm = algorithm
-        self.keys = None if keys is None else list(keys)
-        self.comm = None  # the communicator of the current exchange (pipelines are made on it)
-        self.pipelines = LayoutPipeline(
-            lambda layout: algorithm.make_pipeline(layout.n, self.comm, layout=layout))
-        self.buffer = FusedBuffer()
-        self._layout = None  # (items, GradientLayout) of the last exchange, reused while it fits
+    def numel(self, g):
+        return g.numel()
 
-    def exchange(self, recorded, frozen, comm, name):
-        """Exchange this bucket's gradients among ``recorded`` (key -> tensor) on ``comm``
-        (collective); ``frozen`` (key -> zero gradient) are not exchanged. The ranks first
-        agree on the layout, so ranks whose gradients differ fail together with a clear
-        error. Returns the :class:`StepSum`."""
-        if self.keys is None:
-            keys = sorted(recorded, key=key_order)
-            frozen_here = frozen
-        else:
-            keys = [k for k in self.keys if k in recorded]
-            frozen_here = {k: frozen[k] for k in self.keys if k in frozen}
-        gradients = [recorded[k] for k in keys]
-        items = [(k, OPS.shape(g), OPS.dtype_name(g)) for k, g in zip(keys, gradients)]
-        if self._layout is None or self._layout[0] != items:  # its offsets and tag are computed once
-            self._layout = (items, GradientLayout(items))
-        layout = self._layout[1]
-        nonzero_frozen = any(bool(g.any()) for g in frozen_here.values())
-        agree_on_layout(layout, comm, name, refused=nonzero_frozen, why=FROZEN_WITH_GRADIENT)  # before any collective
-        if not layout.entries:  # every gradient of the bucket is frozen: nothing to exchange
-            return StepSum(layout, {}, torch.zeros(0), frozen_here)
-        self.comm = comm
-        if self.pipelines.is_current(layout):
-            pipeline = self.pipelines.pipeline
-        else:  # a new pipeline takes the gradients' state: a rank that cannot fails on every rank
-            pipeline, problem = None, None
-            try:
-                pipeline = self.pipelines.for_layout(layout)
-            except ValueError as e:
-                problem = f"{name}: {e}"
-            raise_on_every_rank(comm, problem)
-        if hasattr(pipeline, "step_sparse"):
-            # A sparsifier's memory reads the gradients where they are (no fused copy).
-            summed = pipeline.step_sparse([g.detach().reshape(-1) for g in gradients], tag=layout.tag)
-        else:
-            flat = self.buffer.fuse(layout, gradients)
-            summed = pipeline.step(flat, tag=layout.tag)
-            if not isinstance(summed, torch.Tensor):  # a pipeline that still runs on numpy
-                summed = torch.from_numpy(summed).to(flat.device)
-        return StepSum(layout, {k: recorded[k] for k in keys}, summed, frozen_here)
+    def flat(self, g):
+        return g.detach().reshape(-1)
 
-    @property
-    def layout(self):
-        return self.pipelines.layout
+    def nonzero(self, g):
+        return bool(g.any())
 
-    @property
-    def pipeline(self):
-        return self.pipelines.pipeline
+    def fused_buffer(self):
+        return FusedBuffer()
 
-    def close(self):
-        self.pipelines.close()
+    def step_sum(self, layout, gradients, summed, frozen, like):
+        if summed is None:
+            summed = torch.zeros(0)
+        elif not isinstance(summed, (tuple, torch.Tensor)):  # a pipeline that still runs on numpy
+            summed = torch.from_numpy(summed).to(like.device)
+        return StepSum(layout, gradients, summed, frozen)
+
+    def fused_copy(self, gradients):
+        return torch.cat([g.detach().reshape(-1).float() for g in gradients])
+
+    def copy(self, g):
+        return g.detach().clone()
+
+
+#: the step arrays of the PyTorch frontend
+TORCH_ARRAYS = TorchStepArrays()
 
 
 class FusedBuffer:

@@ -30,7 +30,7 @@ the others (so Horovod's payloads never differ across ranks, whatever a rank fro
 zero result; a non-zero gradient on a frozen parameter is refused on every rank.
 
 When and in which buckets the gradients are exchanged is the schedule's business
-(:class:`~horovod_sparse.torch.step_exchanges.StepExchanges`): one exchange after backward
+(:class:`~horovod_sparse.step.exchanges.StepExchanges`): one exchange after backward
 by default; with ``schedule=``, planned buckets on channel threads while backward goes on.
 """
 import horovod.torch as hvd
@@ -44,7 +44,8 @@ from horovod_sparse.horovod_frames import caller_gradient, caller_process_set, c
 from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.out_of_band import OutOfBandCompressorBase
 from horovod_sparse.schedule.planner import SCHEDULES
-from horovod_sparse.torch.step_exchanges import StepExchanges
+from horovod_sparse.step.exchanges import StepExchanges
+from horovod_sparse.torch.buckets import TORCH_ARRAYS
 
 
 class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
@@ -86,7 +87,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self.schedule = check_choice("schedule", schedule, SCHEDULES)
         self.profile_steps = check_positive_int("profile_steps", profile_steps)
         self.trial_steps = check_positive_int("trial_steps", trial_steps)
-        self.exchanges = StepExchanges(algorithm, self.schedule, self.profile_steps, self.trial_steps)
+        self.exchanges = StepExchanges(algorithm, TORCH_ARRAYS, self.schedule, self.profile_steps, self.trial_steps)
         # this step's gradients, as compress hands them over
         self._position = 0
         self._step_finished = True  # the next compress starts a step
@@ -139,7 +140,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
 
     def last_step_timeline(self):
         """With a plan: when the last step's gradients arrived and its buckets were exchanged
-        (:meth:`~horovod_sparse.torch.channels.ChannelExchanges.timeline`); None before."""
+        (:meth:`~horovod_sparse.step.channels.ChannelExchanges.timeline`); None before."""
         return self.exchanges.timeline()
 
     # -- checkpointing: by gradient key, so that state follows its parameter ------------

@@ -6,9 +6,9 @@ import pytest
 
 import horovod_sparse
 from horovod_sparse.schedule import PLANNED, CostModel, choose_plan, ready_times, simulate
-from horovod_sparse.torch.channels import BucketPlan
-from horovod_sparse.torch.profiling import FIRST_PROBE_BYTES, ArrivalTrace, probe_prefixes
-from horovod_sparse.torch.trials import PlanTrials, candidates
+from horovod_sparse.step.channels import BucketPlan
+from horovod_sparse.step.profiling import FIRST_PROBE_BYTES, ArrivalTrace, probe_prefixes
+from horovod_sparse.step.trials import PlanTrials, candidates
 
 
 def test_a_plan_survives_its_int64_wire_form():
@@ -84,16 +84,21 @@ def test_schedule_is_a_parameter_of_the_out_of_band_compressors_only():
         hvds.Compression.fp16(schedule="wfbp")
 
 
-def test_the_tensorflow_frontend_runs_its_schedules_and_refuses_planned_ones_clearly():
+def test_the_tensorflow_frontend_takes_every_schedule_and_checks_it_as_pytorch_does():
     import horovod_sparse.tensorflow as hvds_tf
     assert hvds_tf.Compression.topk(density=0.01).schedule == "after_backward"
-    assert hvds_tf.Compression.topk(density=0.01, schedule="wfbp").schedule == "wfbp"
+    assert hvds_tf.Compression.topk(density=0.01).planned is None
+    assert hvds_tf.Compression.topk(density=0.01, schedule="wfbp").planned is None  # per Horovod call
     for planned in ("mgwfbp", "optimal", "asc", "auto"):
-        with pytest.raises(ValueError, match=r"schedule must be one of \['after_backward', 'wfbp'\] in TensorFlow, "
-                                             rf"got '{planned}'.*fixed when it is traced.*PyTorch frontend only"):
-            hvds_tf.Compression.topk(density=0.01, schedule=planned)
-    with pytest.raises(ValueError, match="'profile_steps' is not supported by TFOutOfBandCompressor .*PyTorch"):
-        hvds_tf.Compression.topk(density=0.01, profile_steps=3)
+        compression = hvds_tf.Compression.topk(density=0.01, schedule=planned, profile_steps=2)
+        assert compression.schedule == planned and compression.planned.exchanges.profile_steps == 2
+    with pytest.raises(ValueError, match=r"schedule must be one of \['after_backward', 'wfbp', 'mgwfbp', "
+                                         r"'optimal', 'asc', 'auto'\], got 'fast'"):
+        hvds_tf.Compression.topk(schedule="fast")
+    with pytest.raises(ValueError, match="profile_steps"):
+        hvds_tf.Compression.topk(schedule="mgwfbp", profile_steps=0)
+    with pytest.raises(ValueError, match="trial_steps"):
+        hvds_tf.Compression.topk(schedule="auto", trial_steps=1.5)
 
 
 def test_dense_is_the_plain_float32_sum_on_one_rank():
@@ -105,7 +110,7 @@ def test_dense_is_the_plain_float32_sum_on_one_rank():
 
 
 def test_probe_buffers_grow_geometrically_to_the_whole_step():
-    from horovod_sparse.torch.profiling import PROBE_FACTOR, probe_lengths
+    from horovod_sparse.step.profiling import PROBE_FACTOR, probe_lengths
     lengths = probe_lengths(10_000_000)
     assert lengths[0] == FIRST_PROBE_BYTES // 4 and lengths[-1] == 10_000_000
     assert all(b == PROBE_FACTOR * a for a, b in zip(lengths, lengths[1:-1]))

@@ -1,19 +1,20 @@
 """When and in which buckets a step's out-of-band gradients are exchanged: the schedule.
 
-:class:`StepExchanges` is what :class:`~horovod_sparse.torch.out_of_band.TorchOutOfBandCompressor`
-hands a step's gradients to (``arrived`` as ``compress`` records them, ``finish`` at the
+:class:`StepExchanges` is what the out-of-band compressors (PyTorch's
+:class:`~horovod_sparse.torch.out_of_band.TorchOutOfBandCompressor`, TensorFlow's
+:class:`~horovod_sparse.tensorflow.out_of_band.TFOutOfBandCompressor`) hand a step's gradients to (``arrived`` as ``compress`` records them, ``finish`` at the
 step's first ``decompress``). With ``schedule="after_backward"`` that is one
-:class:`~horovod_sparse.torch.buckets.Bucket` of the whole step, exchanged in ``finish``.
+:class:`~horovod_sparse.step.bucket.Bucket` of the whole step, exchanged in ``finish``.
 With another schedule (docs/scheduling.md):
 
 1. the first ``profile_steps`` steps run the same way while the gradients' arrivals are
-   timed (:class:`~horovod_sparse.torch.profiling.ArrivalTrace`);
+   timed (:class:`~horovod_sparse.schedule.arrivals.ArrivalTrace`);
 2. then the exchange's cost is fitted on its own path, a plan is made on rank 0
    (:func:`horovod_sparse.schedule.choose_plan`) and broadcast as int64;
 3. from the next step on each planned bucket is exchanged on a channel thread as soon as
-   its gradients are in, while backward goes on (:mod:`horovod_sparse.torch.channels`);
+   its gradients are in, while backward goes on (:mod:`horovod_sparse.step.channels`);
 4. ``"auto"`` runs each distinct plan for a few steps and keeps the fastest measured
-   (:mod:`horovod_sparse.torch.trials`); every switch keeps each gradient's residual.
+   (:mod:`horovod_sparse.step.trials`); every switch keeps each gradient's residual.
 
 ``state_dict`` holds the gradients' state by key and, once planned, the plan: numbers and
 strings only (:mod:`horovod_sparse.state_format`), so a rank-0 checkpoint resumes it.
@@ -26,10 +27,11 @@ import numpy as np
 
 from horovod_sparse.layout_pipeline import PIPELINE_KEY
 from horovod_sparse.schedule.planner import PLANNED, channels_of, choose_plan
-from horovod_sparse.torch.buckets import Bucket, key_order
-from horovod_sparse.torch.channels import BucketPlan, ChannelExchanges, open_channels
-from horovod_sparse.torch.profiling import ArrivalTrace, fit_exchange_cost
-from horovod_sparse.torch.trials import PlanTrials, candidates
+from horovod_sparse.schedule.arrivals import ArrivalTrace
+from horovod_sparse.step.bucket import Bucket, key_order
+from horovod_sparse.step.channels import BucketPlan, ChannelExchanges, open_channels
+from horovod_sparse.step.profiling import fit_exchange_cost
+from horovod_sparse.step.trials import PlanTrials, candidates
 
 #: ``pipelines`` key of the whole step's pipeline (before a plan, or without a schedule)
 WHOLE_STEP_KEY = "whole_step"
@@ -45,21 +47,21 @@ class StepExchanges:
 
     Example (what the compressor does each step)::
 
-        exchanges = StepExchanges(horovod_sparse.create("topk", density=0.01), "mgwfbp")
+        exchanges = StepExchanges(horovod_sparse.create("topk", density=0.01), TORCH_ARRAYS, "mgwfbp")
         exchanges.start_step(comm)
         exchanges.arrived("fc.weight", recorded, frozen)   # from compress, as gradients come
         sums = exchanges.finish(recorded, frozen)          # at the first decompress
         sums.write("fc.weight", scale=0.5)
     """
 
-    def __init__(self, algorithm, schedule="after_backward", profile_steps=3, trial_steps=5):
-        self.algorithm, self.schedule = algorithm, schedule
+    def __init__(self, algorithm, arrays, schedule="after_backward", profile_steps=3, trial_steps=5):
+        self.algorithm, self.arrays, self.schedule = algorithm, arrays, schedule
         self.profile_steps, self.trial_steps = profile_steps, trial_steps
         self.comm = None            # the optimizer's process set's communicator, from the first step
         self.report = None
         self.pipelines = {}
         # one bucket after backward until a plan exists, then the plan's channels
-        self._whole_step = Bucket(algorithm)
+        self._whole_step = Bucket(algorithm, arrays)
         self._channels = None       # ChannelExchanges, once planned
         self._trace = ArrivalTrace()  # gradient arrivals of the profiled steps
         # "auto": the candidate plans while it tries them, and when the step being timed began
@@ -115,12 +117,12 @@ class StepExchanges:
         report = {"schedule": self.schedule, "profiled_steps": len(self._trace.steps)}
         fit = None
         if self.schedule not in ("after_backward", "wfbp"):  # the others weigh start-ups against bytes
-            fit = fit_exchange_cost(self.algorithm, order, recorded, channels, self.algorithm.name)
+            fit = fit_exchange_cost(self.algorithm, self.arrays, order, recorded, channels, self.algorithm.name)
             report.update(fit_a_s=fit["cost"].a, fit_b_s_per_byte=fit["cost"].b, fit_r2=fit["r2"],
                           fit_points=fit["points"], simultaneity=fit["simultaneity"])
         plans = None
         if self.comm.Get_rank() == 0:
-            sizes = [4 * recorded[k].numel() for k in order]
+            sizes = [4 * self.arrays.numel(recorded[k]) for k in order]
             if fit is None:
                 choice = choose_plan(self.schedule, compute, sizes, cost=lambda nbytes: 0.0)
             else:
@@ -197,13 +199,13 @@ class StepExchanges:
             self._channels.close()
         if channels is None:
             channels = open_channels(self.comm, plan.channel_count)
-        self._channels = ChannelExchanges(self.algorithm, plan, self.comm, self.algorithm.name, channels)
+        self._channels = ChannelExchanges(self.algorithm, plan, self.comm, self.algorithm.name, channels, self.arrays)
         self._channels.load_state_dict(slices, wholes)
         self._whole_step.close()
 
     def timeline(self):
         """With a plan: when the last step's gradients arrived and its buckets were exchanged
-        (:meth:`~horovod_sparse.torch.channels.ChannelExchanges.timeline`); None before."""
+        (:meth:`~horovod_sparse.step.channels.ChannelExchanges.timeline`); None before."""
         return None if self._channels is None else self._channels.timeline()
 
     # -- state: by gradient key, so that state follows its parameter -------------------

@@ -15,7 +15,7 @@ collectives on each channel in the same order, whatever order its own gradients 
    on them; then it waits for every bucket. An error in a channel is raised here, on every
    rank: each bucket's exchange starts with a layout agreement and fails collectively;
 3. ``write(key, scale)``: the gradient's part of its bucket's sum, as
-   :class:`~horovod_sparse.torch.buckets.StepSum` writes it.
+   the frontend's step sum writes it (PyTorch: :class:`~horovod_sparse.torch.buckets.StepSum`).
 
 Each bucket has its own pipeline (residual, thresholds, regions): a sparsifier keeps
 ``density`` of each bucket rather than of the whole step (docs/scheduling.md).
@@ -30,7 +30,7 @@ import numpy as np
 from horovod_sparse.agreement import agree_on_layout
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.layout_pipeline import PIPELINE_KEY
-from horovod_sparse.torch.buckets import OPS, Bucket, key_order
+from horovod_sparse.step.bucket import Bucket, key_order
 
 
 @dataclass(frozen=True)
@@ -111,14 +111,15 @@ class ChannelExchanges:
     """The buckets of ``plan`` for one optimizer, exchanged on their channels each step.
 
     ``channels``: [(communicator, thread)] from :func:`open_channels`, at least as many as
-    the plan uses (the others are closed). Call ``start_step()`` before a step's first
+    the plan uses (the others are closed); ``arrays``: the frontend's step arrays
+    (:mod:`horovod_sparse.step.bucket`). Call ``start_step()`` before a step's first
     ``arrived``. Attributes: ``plan``, ``buckets`` (one :class:`Bucket` per planned bucket,
     then one for the gradients outside the plan), ``channels``.
     """
 
-    def __init__(self, algorithm, plan, comm, name, channels):
-        self.plan, self.comm, self.name = plan, comm, name
-        self.buckets = [Bucket(algorithm, keys) for keys in plan.keys] + [Bucket(algorithm)]
+    def __init__(self, algorithm, plan, comm, name, channels, arrays):
+        self.plan, self.comm, self.name, self.arrays = plan, comm, name, arrays
+        self.buckets = [Bucket(algorithm, arrays, keys) for keys in plan.keys] + [Bucket(algorithm, arrays)]
         self.bucket_of = {k: i for i, keys in enumerate(plan.keys) for k in keys}
         self.queues = [[i for i, c in enumerate(plan.channels) if c == channel]
                        for channel in range(plan.channel_count)]
@@ -182,8 +183,9 @@ class ChannelExchanges:
         unplanned = sorted((k for k in {**self.recorded, **self.frozen} if k not in self.bucket_of), key=key_order)
         error = None
         try:  # the same extra bucket on every rank, or none: ranks whose layers differ fail here together
-            items = [(k, OPS.shape(g), OPS.dtype_name(g) + ("/frozen" if k in self.frozen else ""))
-                     for k in unplanned for g in [{**self.recorded, **self.frozen}[k]]]
+            everything = {**self.recorded, **self.frozen}
+            items = [(k, shape, dtype + ("/frozen" if k in self.frozen else ""))
+                     for k in unplanned for shape, dtype in [self.arrays.describe(everything[k])]]
             agree_on_layout(GradientLayout(items), self.comm, self.name)
         except ValueError as e:
             error = e
@@ -216,9 +218,15 @@ class ChannelExchanges:
                                              for k, v in times.items()}}
                             for i, times in sorted(self.clock["buckets"].items())]}
 
-    def write(self, key, scale):
-        i = self.bucket_of.get(key, len(self.buckets) - 1)
-        return self.results[i].write(key, scale)
+    def result_of(self, key):
+        """The step sum of ``key``'s bucket (after :meth:`finish`)."""
+        return self.results[self.bucket_of.get(key, len(self.buckets) - 1)]
+
+    def write(self, key, scale):  # PyTorch's step sums
+        return self.result_of(key).write(key, scale)
+
+    def part(self, key):  # TensorFlow's step parts
+        return self.result_of(key).part(key)
 
     # -- state ----------------------------------------------------------------------------
     def pipelines(self):

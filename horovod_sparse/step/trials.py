@@ -10,7 +10,7 @@ Candidates: the distinct plans of the planned schedules, the simulator's pick fi
 order of predicted step end (:func:`candidates`).
 """
 from horovod_sparse.schedule.trials import WARMUP_STEPS, PlanTrials  # noqa: F401 (their home for the schedules)
-from horovod_sparse.torch.channels import BucketPlan
+from horovod_sparse.step.channels import BucketPlan
 
 
 def candidates(choice, order):

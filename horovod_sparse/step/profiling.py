@@ -4,7 +4,7 @@
   backward produces them), per step; the backward trace is the median over the profiled
   steps, the first (warm-up) left out.
 * :func:`fit_exchange_cost`: a + b*M fitted on the very path the plan will use: the
-  compressor's own pipeline (:class:`~horovod_sparse.torch.buckets.Bucket`) on a channel's
+  compressor's own pipeline (:class:`~horovod_sparse.step.bucket.Bucket`) on a channel's
   communicator, exchanging copies of the step's gradient values at geometric sizes (the
   first M bytes of them in backward order; whole gradients for a compressor whose cost
   depends on their shapes, PowerSGD), in throwaway pipelines (no residual changes); with
@@ -14,12 +14,11 @@
   on every rank.
 """
 import numpy as np
-import torch
 
 from horovod_sparse.agreement import time_collective
 from horovod_sparse.schedule.arrivals import ArrivalTrace  # noqa: F401 (profiled here)
 from horovod_sparse.schedule.cost import CostModel, fit_simultaneity
-from horovod_sparse.torch.buckets import Bucket
+from horovod_sparse.step.bucket import Bucket
 
 #: first probe size (bytes), then x4 up to the whole step
 FIRST_PROBE_BYTES = 64 * 1024
@@ -48,10 +47,11 @@ def probe_lengths(n, factor=PROBE_FACTOR):
     return lengths + [n]
 
 
-def fit_exchange_cost(algorithm, order, gradients, channels, name, repeats=3, factor=PROBE_FACTOR,
+def fit_exchange_cost(algorithm, arrays, order, gradients, channels, name, repeats=3, factor=PROBE_FACTOR,
                       max_bytes=None):
     """Fit the cost of one bucket's exchange (see the module docstring).
 
+    arrays: the frontend's step arrays (:mod:`horovod_sparse.step.bucket`);
     order: gradient keys in backward order; gradients: key -> tensor (copied, not changed);
     channels: [(communicator, thread)] (one or two); factor: between probe sizes (fewer
     probes, a coarser fit); max_bytes: the largest probe (the line goes on beyond it; a
@@ -60,22 +60,22 @@ def fit_exchange_cost(algorithm, order, gradients, channels, name, repeats=3, fa
     (:class:`CostModel`, a and b clamped at >= 0), ``r2``, ``points`` ([bytes, seconds]),
     and ``simultaneity`` (k2, or None with one channel), ``simultaneity_r2``.
     """
-    sizes = [4 * gradients[k].numel() for k in order]
+    sizes = [4 * arrays.numel(gradients[k]) for k in order]
     if max_bytes is not None:  # the gradients up to the largest probe, the one that crosses it included
         order = order[:int(np.searchsorted(np.cumsum(sizes), max_bytes)) + 1]
         sizes = sizes[:len(order)]
     if getattr(algorithm, "per_matrix", False):  # its cost depends on the shapes: whole gradients
-        copies = {k: gradients[k].detach().clone() for k in order}
+        copies = {k: arrays.copy(gradients[k]) for k in order}
         probes = [(order[:length], sum(sizes[:length])) for length in probe_prefixes(sizes, factor)]
     else:  # any size: the first m values of the step's gradients, as one buffer
-        fused = torch.cat([gradients[k].detach().reshape(-1).float() for k in order])
-        n = fused.numel() if max_bytes is None else min(fused.numel(), max_bytes // 4)
+        fused = arrays.fused_copy([gradients[k] for k in order])
+        n = fused.shape[0] if max_bytes is None else min(fused.numel(), max_bytes // 4)
         lengths = probe_lengths(n, factor)
-        copies = {f"(probe {m})": fused[:m].clone() for m in lengths}
+        copies = {f"(probe {m})": arrays.copy(fused[:m]) for m in lengths}
         probes = [([f"(probe {m})"], 4 * m) for m in lengths]
 
     def probe(keys, comm):
-        bucket = Bucket(algorithm, keys)
+        bucket = Bucket(algorithm, arrays, keys)
         return bucket, (lambda: bucket.exchange(copies, {}, comm, name))
 
     points, buckets = [], []
