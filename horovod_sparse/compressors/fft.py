@@ -43,6 +43,9 @@ class FFTCompressor(OutOfBandCompressor):
     """
 
     name = "fft"
+    #: TensorFlow on a GPU (or with on_device=True): the step as TensorFlow ops where the
+    #: gradients are (tf.signal's transforms: within float32 FFT rounding of the numpy path)
+    tensorflow_ops = True
 
     def __init__(self, theta=0.9, bits=8, chunk_size=1024, exchange="allgather", theta_final=None,
                  decay_steps=0, error_feedback=True):

@@ -3,9 +3,12 @@ range-based float codes -> sparse allreduce of the spectrum -> inverse rfft -> r
 
 FFT-based gradient sparsification (Wang et al., HPDC'20). The buffer is numpy or a torch
 tensor on any device and the step runs there (:mod:`horovod_sparse.ops`; CPU
-tensors through numpy's kernels on zero-copy views, the same bits as numpy input). Only
-the kept (position, value) pairs cross to the host, into the sparse engine, and the
-summed pairs come back. Per step on every rank:
+tensors through numpy's kernels on zero-copy views, the same bits as numpy input), or an
+eager TensorFlow tensor (the TensorFlow frontend's host call on a GPU or with
+``on_device=True``: every step below as TensorFlow ops on its device, each kernel returning
+a new tensor). Only the kept (position, value) pairs cross to the host, into the sparse
+engine (which makes and exchanges the range codes), and the summed pairs come back. Per
+step on every rank:
 
 1. acc = grad + residual (``memory.accumulate``: one pass; acc = grad without error feedback);
 2. S = the chunked real spectrum of acc (:class:`.spectrum.ChunkedSpectrum`: float32 rfft,
@@ -36,6 +39,12 @@ Passes over n per step: the accumulate, the two transforms' worth of reading and
 one comparison and one compaction over the keys, zeroing S (twice) and the residual's
 subtraction.
 
+TensorFlow's transforms (``tf.signal``) are not pocketfft's bit for bit: a TensorFlow step
+agrees with a numpy step to float32 FFT rounding (relative L2 ~1e-7 per transform, inside
+the 2**-20 below), and selects and codes the same where that rounding does not cross a
+selection threshold or a code's rounding boundary. Every rank still returns the same bits
+(the same summed pairs through the same TensorFlow ops).
+
 The FFT is linear, so (up to float rounding) the result is the sum over ranks of
 irfft(K_r): the step's ``last.kept``.
 
@@ -62,6 +71,7 @@ theta_final over ``decay_steps`` steps, then theta_final (the paper lowers theta
 training for convergence).
 """
 import math
+import sys
 from typing import Any, Optional
 
 import numpy as np
@@ -69,13 +79,12 @@ import numpy as np
 from horovod_sparse.checks import check_int
 from horovod_sparse.exchange import SparseAllreduce, mask_in_sorted
 from horovod_sparse.memory import ErrorFeedback
-from horovod_sparse.ops import host, kernels, namespace, views
-from horovod_sparse.ops.indices import take
+from horovod_sparse.ops import host, namespace, views
 from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, saved_array
 from horovod_sparse.quantize.rangefloat import SPLITS, RangeFloatCodec
 
 from .selection import TopCoefficients
-from .spectrum import ChunkedSpectrum, coefficient_positions
+from .spectrum import ChunkedSpectrum, coefficient_positions, coefficient_values
 
 EXCHANGES = ("allgather", "oktopk")
 SCHEDULES = ("constant", "linear")
@@ -198,9 +207,10 @@ class FFTSparsifier(Pipeline):
     def step(self, grad, tag=0):
         """Exchange this step's gradient; return the sum over ranks of their contributions.
 
-        grad : 1-D float buffer of length n (numpy, or a torch tensor on any device; cast
-            to float32). Never modified. A wrong shape raises ValueError on this rank
-            alone (a programming error: the frontends flatten the same layout everywhere).
+        grad : 1-D float buffer of length n (numpy, a torch tensor on any device, or an
+            eager TensorFlow tensor; cast to float32). Never modified. A wrong shape raises
+            ValueError on this rank alone (a programming error: the frontends flatten the
+            same layout everywhere).
         tag : int every rank passes identically (a CRC of the layout); a mismatch
             raises ExchangeError on every rank.
 
@@ -217,7 +227,7 @@ class FFTSparsifier(Pipeline):
         keys = self.spectrum.energy_keys(spectrum, ws.keys, ws.squares, ws.energy_block)
         coefficients = self.selection.select(keys, kept_count, ws.mask)               # step 3
         positions = coefficient_positions(coefficients, namespace.empty(2 * kept_count, "int64", keys))
-        values = take(spectrum.reshape(-1, 2), coefficients).reshape(-1)
+        values = coefficient_values(spectrum, coefficients)
         positions, values = views.as_like(positions, acc), views.as_like(values, acc)
         if self.exchange == "oktopk":
             self.engine.set_k(max(1, 2 * kept_count))
@@ -230,12 +240,13 @@ class FFTSparsifier(Pipeline):
             consumed = mask_in_sorted(sent, np.asarray(result.selected, dtype=np.int64))
             cleared = host.from_host(sent[consumed], acc)
             kept_values = host.from_host(result.sent_values[consumed], acc)
-        out = namespace.new_empty(self.n, "float32", acc)
+        # TensorFlow: each inverse makes its own tensor, no buffer to write into
+        out = None if namespace.is_tensorflow(acc) else namespace.new_empty(self.n, "float32", acc)
         if self.error_feedback:                                                      # step 6
-            self._inverse_sparse(cleared, kept_values, out, ws)
+            out = self._inverse_sparse(cleared, kept_values, out, ws)
             self.memory.commit_minus(acc, out)
-        self._inverse_sparse(host.from_host(result.indices, acc),                 # step 5
-                             host.from_host(result.values, acc), out, ws)
+        out = self._inverse_sparse(host.from_host(result.indices, acc),           # step 5
+                                   host.from_host(result.values, acc), out, ws)
         self.last = FFTStepInfo(self.step_count, kept_count, theta, result.traffic, positions, decoded,
                                 cleared, lambda: self._kept(cleared, kept_values, ws))
         self.step_count += 1
@@ -246,16 +257,17 @@ class FFTSparsifier(Pipeline):
 
     def _inverse_sparse(self, positions, values, out, ws):
         """out = the inverse transform of the spectrum that is ``values`` at ``positions``
-        and zero elsewhere (through the workspace's spectrum buffer)."""
-        spectrum = self._kernel(ws.spectrum)
-        spectrum[...] = 0
-        kernels.put(spectrum, self._kernel(positions), self._kernel(values))
-        self.spectrum.inverse(spectrum, self._kernel(out))
-        return out
+        and zero elsewhere (through the workspace's spectrum buffer); returns ``out``
+        (TensorFlow: a new tensor, ``out`` is None)."""
+        spectrum = self.spectrum.scatter(self._kernel(positions), self._kernel(values),
+                                         self._kernel(ws.spectrum))
+        inverse = self.spectrum.inverse(spectrum, self._kernel(out))
+        return inverse if namespace.is_tensorflow(inverse) else out
 
     def _kept(self, positions, values, ws):
         """irfft of this rank's decoded kept spectrum (see :class:`FFTStepInfo`)."""
-        kept = namespace.new_empty(self.n, "float32", ws.spectrum)
+        kept = None if namespace.is_tensorflow(positions) else namespace.new_empty(self.n, "float32",
+                                                                                   ws.spectrum)
         return self._inverse_sparse(positions, values, kept, ws)
 
     # ----------------------------------------------------------- checkpoints
@@ -277,9 +289,13 @@ class _Workspace:
     """The buffers of a pipeline, allocated once per library and device of the gradient:
     ``spectrum`` (float32, 2C, the buffer's library: forward spectrum, then the sparse
     spectra to invert); in the kernels' library ``keys`` (C), ``mask`` (C bools) and
-    ``squares`` (energy scratch)."""
+    ``squares`` (energy scratch). None of them for TensorFlow (its kernels make new tensors)."""
 
     def __init__(self, spectrum, like, numpy_on_cpu):
+        if namespace.is_tensorflow(like):
+            self.spectrum = self.keys = self.mask = self.squares = None
+            self.energy_block = max(spectrum.n_coefficients, 1)
+            return
         self.spectrum = namespace.empty(spectrum.size, "float32", like)
         work = views.kernel_view(self.spectrum, numpy_on_cpu)
         on_cpu = not namespace.is_torch(work) or work.device.type == "cpu"
@@ -291,8 +307,13 @@ class _Workspace:
 
 
 def _float32(grad, n):
-    """``grad`` as a contiguous 1-D float32 buffer of length n (numpy or torch), or ValueError."""
-    if namespace.is_torch(grad):
+    """``grad`` as a contiguous 1-D float32 buffer of length n (numpy, torch or TensorFlow), or
+    ValueError."""
+    if namespace.is_tensorflow(grad):
+        g = grad
+        if g.shape.rank == 1 and g.shape[0] == n and g.dtype.is_floating:
+            return sys.modules["tensorflow"].cast(g, "float32")
+    elif namespace.is_torch(grad):
         g = grad.detach()
         if g.dim() == 1 and g.numel() == n and g.is_floating_point():
             return g.to(namespace.dtype_of(g, "float32")).contiguous()

@@ -17,7 +17,9 @@ step to step. So :class:`TopCoefficients` carries a *candidate bound* across ste
 Every coefficient at or above the k-th largest key is a candidate whenever at least k
 are, so the result is the exact top-k whatever the bound: the bound only decides how
 much work a step does, never what it selects (so it is not part of any checkpoint, and
-numpy and torch select the same from the same keys).
+numpy and torch select the same from the same keys). TensorFlow tensors (the step as
+TensorFlow ops on the gradient's device) run the same steps through the kernels' TensorFlow
+spellings, which return new tensors (so the code below always uses what a kernel returns).
 """
 import math
 
@@ -34,21 +36,24 @@ class TopCoefficients:
 
     def select(self, keys, k, mask):
         """Sorted int64 positions of the ``k`` largest ``keys`` (1-D int32), ties to the
-        lower position, in keys' library; ``mask``: a bool buffer like ``keys`` (scratch)."""
+        lower position, in keys' library; ``mask``: a bool buffer like ``keys`` (scratch; None
+        on TensorFlow)."""
         size = int(keys.shape[0])
         if k >= size:
             return namespace.arange(size, keys)
         if k <= 0:
             return namespace.empty(0, "int64", keys)
         candidates = None                                                           # step 1
-        if self.bound is not None and kernels.count_at_least(keys, self.bound, mask) >= k:
-            candidates = indices.compact(mask)                                      # step 2
+        if self.bound is not None:
+            mask, count = kernels.mark_at_least(keys, self.bound, mask)
+            if count >= k:
+                candidates = indices.compact(mask)                                  # step 2
         pool = keys if candidates is None else indices.take(keys, candidates)
         pool_size = int(pool.shape[0])                                              # steps 3, 4
         kth, self.bound = magnitude.kth_largests(pool, [k, min(pool_size, math.ceil(self.slack * k))])
         chosen = pool > kth
         above = indices.count_nonzero(chosen)
         if above < k:
-            chosen[indices.flatnonzero(pool == kth)[:k - above]] = True
+            chosen = kernels.set_true_at(chosen, indices.flatnonzero(pool == kth)[:k - above])
         picked = indices.flatnonzero(chosen)
         return picked if candidates is None else indices.take(candidates, picked)

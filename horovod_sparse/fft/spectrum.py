@@ -13,13 +13,26 @@ numpy and, through zero-copy views, CPU tensors; ``torch.fft`` elsewhere (cuFFT 
 All full chunks go through one batched call on a ``(chunks, chunk_size)`` view, written
 into preallocated buffers (``out=``): nothing of size n is allocated.
 
+TensorFlow tensors (the step as TensorFlow ops on the gradient's device) go through
+``tf.signal.rfft`` / ``irfft`` (unnormalized, scaled here to "ortho"), the same batched
+chunks; tensors are immutable, so each method returns a new tensor and ignores ``out``.
+Those transforms are not pocketfft's bit for bit (a different float32 FFT: the results
+agree to float32 FFT rounding, a relative L2 error of ~1e-7); everything after them
+(keys, selection, positions) is the same integer logic.
+
 "ortho" makes each chunk's transform orthonormal up to the Hermitian symmetry
 (Parseval): ``sum(x**2) == sum(weight * |X|**2)`` with weight 1 for the DC and (even
 L) Nyquist coefficients and 2 for the others, whose negative-frequency twins are
 implied; ``weight * |X|**2`` is the energy a coefficient carries into the signal, and
 what :meth:`ChunkedSpectrum.energy_keys` ranks.
 """
-from horovod_sparse.ops import magnitude, namespace, views
+import math
+import sys
+
+import numpy as np
+
+from horovod_sparse.ops import kernels, magnitude, namespace, views
+from horovod_sparse.ops.indices import take
 
 #: coefficients per block when the energies are computed (the squares stay in cache)
 _ENERGY_BLOCK = 1 << 16
@@ -56,7 +69,10 @@ class ChunkedSpectrum:
 
     def forward(self, x, out):
         """Write the float32 spectrum (length ``size``, re/im interleaved) of the float32
-        buffer ``x`` into ``out`` (same library and device); return ``out``."""
+        buffer ``x`` into ``out`` (same library and device); return ``out`` (TensorFlow: a
+        new tensor)."""
+        if namespace.is_tensorflow(x):
+            return _tf_concat([_tf_rfft(signal, length) for signal, length in self._tf_parts(x, 1)], x)
         fft = namespace.backend(x).fft
         for signal, coefficients, _ in self._parts(x, out):
             fft.rfft(signal, None, -1, "ortho", out=coefficients)
@@ -64,11 +80,39 @@ class ChunkedSpectrum:
 
     def inverse(self, spectrum, out):
         """Write the float32 buffer (length ``n``) of ``spectrum`` (length ``size``) into
-        ``out``; return it. The imaginary parts of DC and Nyquist coefficients are
-        ignored (irfft's convention)."""
+        ``out``; return it (TensorFlow: a new tensor). The imaginary parts of DC and Nyquist
+        coefficients are ignored (irfft's convention; TensorFlow's on the CPU too, and the
+        forward transform makes them exactly 0, so they code to 0 whatever a device does)."""
+        if namespace.is_tensorflow(spectrum):
+            return _tf_concat([_tf_irfft(part, length) for part, length in self._tf_parts(spectrum, 2)],
+                              spectrum)
         fft = namespace.backend(spectrum).fft
         for signal, coefficients, length in self._parts(out, spectrum):
             fft.irfft(coefficients, length, -1, "ortho", out=signal)
+        return out
+
+    def _tf_parts(self, x, floats):
+        """TensorFlow: (part, chunk length) of the full chunks, shaped (chunks, chunk_size) for a
+        signal (``floats=1``) or (chunks, coefficients, 2) for a spectrum (``floats=2``), and of
+        the tail (one chunk)."""
+        tf = sys.modules["tensorflow"]
+        per_chunk = (self.chunk_size, self.full_coefficients)[floats - 1]
+        split = self.full_chunks * per_chunk * floats
+        shape = [-1, per_chunk] if floats == 1 else [-1, per_chunk, 2]
+        parts = [(tf.reshape(x[:split], shape), self.chunk_size)] if self.full_chunks else []
+        if self.tail:
+            tail = (self.tail, self.tail_coefficients)[floats - 1]
+            parts.append((tf.reshape(x[split:], [1, tail] if floats == 1 else [1, tail, 2]), self.tail))
+        return parts
+
+    def scatter(self, positions, values, out):
+        """The spectrum that is ``values`` at the sorted unique ``positions`` and zero elsewhere,
+        written into ``out`` (float32, length ``size``) and returned (TensorFlow: a new tensor)."""
+        if namespace.is_tensorflow(values):
+            tf = sys.modules["tensorflow"]
+            return tf.scatter_nd(positions[:, None], values, [self.size])
+        out[...] = 0
+        kernels.put(out, positions, values)
         return out
 
     def energy_keys(self, spectrum, out, scratch, block=_ENERGY_BLOCK):
@@ -80,8 +124,20 @@ class ChunkedSpectrum:
         Computed in float32 as (re*re + im*im), halved for DC and Nyquist: scaling by a
         power of two ranks like the weights 1 and 2 do, and cannot overflow. The keys are
         the float bits (:func:`~horovod_sparse.ops.magnitude.magnitude_keys`): exact integer
-        comparisons, NaN above everything.
+        comparisons, NaN above everything. TensorFlow: the same float32 operations, on new
+        tensors (``out``, ``scratch`` and ``block`` unused).
         """
+        if namespace.is_tensorflow(spectrum):
+            tf = sys.modules["tensorflow"]
+            pairs = tf.reshape(spectrum, [-1, 2])
+            energies, full = pairs[:, 0] * pairs[:, 0] + pairs[:, 1] * pairs[:, 1], []
+            split = self.full_chunks * self.full_coefficients
+            if self.full_chunks:  # weights 1, with 0.5 at the edges: exact, like _halve_edges
+                full.append(tf.reshape(tf.reshape(energies[:split], [self.full_chunks, -1])
+                                       * _edge_weights(self.chunk_size), [-1]))
+            if self.tail:
+                full.append(energies[split:] * _edge_weights(self.tail))
+            return magnitude.magnitude_keys(_tf_concat(full, spectrum))
         lib = namespace.backend(spectrum)
         pairs = spectrum.reshape(-1, 2)
         for start in range(0, self.n_coefficients, block):
@@ -104,9 +160,51 @@ def _halve_edges(energies, length):
         energies[:, -1] *= 0.5
 
 
+def _edge_weights(length):
+    """float32 ones of a chunk's coefficient count, 0.5 at DC (and, for even ``length``, Nyquist)."""
+    weights = np.ones(length // 2 + 1, np.float32)
+    weights[0] = 0.5
+    if length % 2 == 0:
+        weights[-1] = 0.5
+    return sys.modules["tensorflow"].constant(weights)
+
+
+def _tf_rfft(signal, length):
+    """float32 "ortho" spectra, re/im interleaved and flat, of the (chunks, length) signal."""
+    tf = sys.modules["tensorflow"]
+    coefficients = tf.signal.rfft(signal, fft_length=[length])
+    return tf.reshape(tf.bitcast(coefficients, tf.float32), [-1]) * np.float32(1 / math.sqrt(length))
+
+
+def _tf_irfft(spectrum, length):
+    """The flat float32 signal of (chunks, coefficients, 2) "ortho" spectra of chunks of ``length``
+    (TensorFlow's irfft divides by ``length``, "ortho" by its square root)."""
+    tf = sys.modules["tensorflow"]
+    signal = tf.signal.irfft(tf.bitcast(spectrum, tf.complex64), fft_length=[length])
+    return tf.reshape(signal, [-1]) * np.float32(math.sqrt(length))
+
+
+def _tf_concat(parts, like):
+    """The flat float32 parts back to back (none: an empty tensor on ``like``'s device)."""
+    if not parts:
+        return namespace.zeros(0, "float32", like)
+    return parts[0] if len(parts) == 1 else sys.modules["tensorflow"].concat(parts, axis=0)
+
+
+def coefficient_values(spectrum, coefficients):
+    """The (re, im) floats of the int64 ``coefficients`` of ``spectrum``, flat, in their order."""
+    if namespace.is_tensorflow(spectrum):
+        tf = sys.modules["tensorflow"]
+        return tf.reshape(tf.gather(tf.reshape(spectrum, [-1, 2]), coefficients), [-1])
+    return take(spectrum.reshape(-1, 2), coefficients).reshape(-1)
+
+
 def coefficient_positions(coefficients, out):
     """Float positions (2j, 2j + 1) of sorted int64 coefficients j, written into the int64
-    buffer ``out`` (twice as long, same library); returns it, sorted."""
+    buffer ``out`` (twice as long, same library); returns it, sorted (TensorFlow: a new tensor)."""
+    if namespace.is_tensorflow(coefficients):
+        tf = sys.modules["tensorflow"]
+        return tf.reshape(tf.stack([coefficients * 2, coefficients * 2 + 1], axis=1), [-1])
     pairs = out.reshape(-1, 2)
     lib = namespace.backend(out)
     lib.multiply(coefficients, 2, out=pairs[:, 0])
