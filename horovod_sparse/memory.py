@@ -240,6 +240,8 @@ class Momentum(Memory):
 
     def accumulate(self, grad):
         self._bind(grad)
+        if is_tensorflow(grad):  # a new tensor: the same two float32 operations
+            return self.momentum_buffer * np.float32(self.momentum) + _float32(grad)
         return _momentum_step(backend(grad), self.momentum_buffer, self.momentum, grad,
                               out=self._spare_of("momentum_buffer"))
 

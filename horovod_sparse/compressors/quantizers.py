@@ -20,6 +20,12 @@ Exchange (``method``), for all of them:
 * ``"allgather"``: GRACE's allgather - every rank's code goes to every rank, which
   decodes and sums. (P-1) * code size per rank, but quantized once.
 
+All of them have a TensorFlow spelling (``tensorflow_ops``): on a GPU, or with
+``on_device=True``, the TensorFlow frontend runs their step as TensorFlow ops on the fused
+gradient (memory, scaling, the stochastic codes from the same counter-based stream, bit
+packing), only the packed codes cross to numpy for MPI, and the result is the numpy path's,
+bit for bit.
+
 Code sizes per value (headers aside): bf16 16 bits, qsgd 1 + ceil(log2(levels + 1))
 bits (6 for 16 levels) plus 4 bytes per bucket, terngrad 2 bits, the sign codes 1 bit.
 """
@@ -40,6 +46,8 @@ class QuantizingCompressor(OutOfBandCompressor):
 
     error_feedback = False
     momentum = None
+    #: the codecs, the memory and the exchange have TensorFlow spellings (module docstring)
+    tensorflow_ops = True
 
     def __init__(self, method, error_feedback=None, **own_params):
         """Check and record ``method`` and, for the compressors that offer it,
@@ -80,6 +88,8 @@ class DenseCompressor(OutOfBandCompressor):
     """
 
     name = "dense"
+    #: the float32 code, and the plain sum's host crossing, have TensorFlow spellings
+    tensorflow_ops = True
 
     def __init__(self, method="allreduce"):
         super().__init__()

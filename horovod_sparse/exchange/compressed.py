@@ -42,12 +42,18 @@ owner's decoding and summing of 1/P of the buffer P times, the re-encode of 1/P,
 decoding of the result (P = 2: encode, decode the peer's codes, one add); nothing of
 size n leaves the device.
 
+TensorFlow tensors (the quantizers' step as TensorFlow ops on the gradients' device): the
+same steps, with the codec's and the kernels' TensorFlow spellings, which return new
+tensors instead of writing into this exchange's buffers (chunks are joined by concatenation);
+only the codes cross to numpy (:func:`~horovod_sparse.ops.host.to_host`).
+
 Before any data moves, one agreement header (:func:`.validation.agree_call`, 80 control
 bytes to each peer) carries n, the method, the codec's identity (a CRC of its repr, the
 method and server error feedback), the call counter, the tag and a local error code
 (values not a 1-D float array of length n, bad seed or tag): a mismatch or bad input on
 any rank raises :class:`ExchangeError` on every rank, never a hang.
 """
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,6 +191,12 @@ class CompressedAllreduce(CountedExchange):
     def _check(self, values):
         """(float32 values or None, error code, detail); never raises."""
         try:
+            if namespace.is_tensorflow(values):
+                if len(values.shape) != 1 or not values.dtype.is_floating:
+                    return None, _BAD_VALUES, 0
+                if values.shape[0] != self.n:
+                    return None, _BAD_LENGTH_OR_SEED, values.shape[0]
+                return sys.modules["tensorflow"].cast(values, "float32"), 0, 0
             x = values.detach() if namespace.is_torch(values) else np.asarray(values)
             floating = namespace.namespace(x).isdtype(x.dtype, "real floating")
             if x.ndim != 1 or not floating:
@@ -198,7 +210,10 @@ class CompressedAllreduce(CountedExchange):
             return None, _BAD_VALUES, 0
 
     def _buffer(self, name, count, dtype_name, like):
-        """A scratch buffer reused from call to call (one per name, library and device)."""
+        """A scratch buffer reused from call to call (one per name, library and device); None
+        for TensorFlow (its kernels return new tensors)."""
+        if namespace.is_tensorflow(like):
+            return None
         key = (name, dtype_name, str(getattr(like, "device", "numpy")), namespace.is_torch(like))
         buffer = self._scratch.get(key)
         if buffer is None or buffer.shape[0] < count:
@@ -211,8 +226,14 @@ class CompressedAllreduce(CountedExchange):
 
     def _encode_chunks(self, x, seed, decoded):
         """1. Every chunk's code, back to back; chunk j's decoded floats go to ``decoded(j)``
-        (a float32 buffer, or None where nobody needs them)."""
+        (a float32 buffer, or None where nobody needs them). TensorFlow: ``decoded(j)`` True
+        where they are needed; returns ``(codes, [decoded floats or None per chunk])``."""
         P, rank, b = self.size, self.rank, self.bounds
+        if namespace.is_tensorflow(x):
+            pairs = [self.codec.encode_decoded(x[b[j]:b[j + 1]], derive_seed(seed, rank, j)) if decoded(j)
+                     else (self.codec.encode(x[b[j]:b[j + 1]], derive_seed(seed, rank, j)), None)
+                     for j in range(P)]
+            return sys.modules["tensorflow"].concat([code for code, _ in pairs], 0), [f for _, f in pairs]
         codes = self._buffer("codes", self._code_offsets[-1], "uint8", x)
         for j in range(P):
             self.codec.encode(x[b[j]:b[j + 1]], derive_seed(seed, rank, j), out=self._code(codes, j),
@@ -223,6 +244,8 @@ class CompressedAllreduce(CountedExchange):
         P, rank, codec, b = self.size, self.rank, self.codec, self.bounds
         if P == 2:
             return self._two_ranks(x, seed, want_own)
+        if namespace.is_tensorflow(x):
+            return self._alltoall_tensorflow(x, seed, want_own)
         own = self._buffer("own", self.n, "float32", x) if want_own else None
         own_chunk = own[b[rank]:b[rank + 1]] if want_own else \
             self._buffer("own_chunk", self.chunk_sizes[rank], "float32", x)
@@ -248,6 +271,24 @@ class CompressedAllreduce(CountedExchange):
             out *= P
         return out, own
 
+    def _alltoall_tensorflow(self, x, seed, want_own):
+        """:meth:`_alltoall` (P >= 3) in TensorFlow's new tensors: the same steps and seeds."""
+        tf, P, rank, codec = sys.modules["tensorflow"], self.size, self.rank, self.codec
+        codes, own = self._encode_chunks(x, seed, lambda j: want_own or j == rank)
+        mine = self.chunk_nbytes[rank]
+        received = host.from_host(self._comm.alltoallv(host.to_host(codes), self.chunk_nbytes,
+                                                       [mine] * P), x)
+        total = self._sum_pieces(received, own[rank], x)
+        acc = self._server.accumulate(total)
+        code, result = codec.encode_decoded(acc, derive_seed(seed, P + rank, rank))
+        gathered = host.from_host(self._comm.allgatherv(host.to_host(code), self.chunk_nbytes), x)
+        self._server.commit_minus(acc, result)
+        out = tf.concat([result if j == rank else codec.decode(self._code(gathered, j), self.chunk_sizes[j])
+                         for j in range(P)], 0)
+        if self.majority:
+            out = out * np.float32(P)
+        return out, tf.concat(own, 0) if want_own else None
+
     def _two_ranks(self, x, seed, want_own):
         """The alltoall method at P = 2 (module docstring): one Allgatherv of both ranks' chunk
         codes; each chunk's sum is decoded straight into the result, plus this rank's own.
@@ -255,6 +296,8 @@ class CompressedAllreduce(CountedExchange):
         decode, no sum."""
         rank, b, codec = self.rank, self.bounds, self.codec
         vote_of_two = getattr(codec, "vote_of_two", None) if self.majority else None
+        if namespace.is_tensorflow(x):
+            return self._two_ranks_tensorflow(x, seed, want_own, vote_of_two)
         own = self._buffer("own", self.n, "float32", x) if want_own or vote_of_two is None else None
         codes = self._encode_chunks(x, seed, lambda j: None if own is None else own[b[j]:b[j + 1]])
         whole = self._code_offsets[-1]
@@ -275,6 +318,26 @@ class CompressedAllreduce(CountedExchange):
             self._vote(out)
         return out, own
 
+    def _two_ranks_tensorflow(self, x, seed, want_own, vote_of_two):
+        """:meth:`_two_ranks` in TensorFlow's new tensors: the same codes, vote and sums."""
+        tf, rank, codec = sys.modules["tensorflow"], self.rank, self.codec
+        codes, own = self._encode_chunks(x, seed, lambda j: want_own or vote_of_two is None)
+        whole = self._code_offsets[-1]
+        gathered = self._comm.allgatherv(host.to_host(codes), [whole, whole])
+        peer = host.from_host(gathered[(1 - rank) * whole:(2 - rank) * whole], x)
+        if vote_of_two is not None:
+            voted = vote_of_two(codes, peer, out=None)
+            out = tf.concat([codec.decode(self._code(voted, j), self.chunk_sizes[j]) for j in range(2)], 0)
+            return out * np.float32(2), tf.concat(own, 0) if want_own else None  # P * sign: exact
+        sums = []
+        for j in range(2):
+            theirs = codec.decode(self._code(peer, j), self.chunk_sizes[j])
+            sums.append(own[j] + theirs if rank == 0 else theirs + own[j])  # rank order
+        out = tf.concat(sums, 0)
+        if self.majority:
+            out = self._vote(out)
+        return out, tf.concat(own, 0)
+
     def _sum_pieces(self, received, own_chunk, like):
         """Decode the P pieces of this rank's chunk (``received``, in rank order) and add them
         in rank order in float32, from the first; this rank's piece is ``own_chunk``."""
@@ -289,6 +352,10 @@ class CompressedAllreduce(CountedExchange):
         first = piece(0, total)
         if self.size == 1:
             return first
+        if namespace.is_tensorflow(like):  # new tensors, added in rank order from the first
+            for r in range(1, self.size):
+                first = first + piece(r, None)
+            return first
         spare = self._buffer("piece", count, "float32", like)
         namespace.backend(total).add(first, piece(1, total if first is own_chunk else spare), out=total)
         for r in range(2, self.size):
@@ -298,6 +365,14 @@ class CompressedAllreduce(CountedExchange):
     def _allgather(self, x, seed):
         P, rank, codec, n = self.size, self.rank, self.codec, self.n
         size = codec.nbytes(n)
+        if namespace.is_tensorflow(x):  # new tensors: decoded and added in rank order from the first
+            code, own = codec.encode_decoded(x, derive_seed(seed, rank))
+            gathered = host.from_host(self._comm.allgatherv(host.to_host(code), [size] * P), x)
+            out = None
+            for r in range(P):
+                piece = own if r == rank else codec.decode(gathered[r * size:(r + 1) * size], n)
+                out = piece if out is None else out + piece
+            return (self._vote(out) if self.majority else out), own
         code = self._buffer("codes", size, "uint8", x)
         own = self._buffer("own", n, "float32", x)
         codec.encode(x, derive_seed(seed, rank), out=code, decoded=own)
@@ -317,7 +392,12 @@ class CompressedAllreduce(CountedExchange):
         return out, own
 
     def _vote(self, total):
-        """total = P * sign(total), sign(0) = +1, in place: the sign bit of P set where total < 0."""
+        """total = P * sign(total), sign(0) = +1, in place: the sign bit of P set where total < 0.
+        (TensorFlow: a new tensor, the same bits.)"""
+        if namespace.is_tensorflow(total):
+            tf = sys.modules["tensorflow"]
+            sign = tf.bitwise.left_shift(tf.cast(total < 0, tf.int32), 31)
+            return tf.bitcast(tf.bitwise.bitwise_xor(sign, int(np.float32(self.size).view(np.int32))), tf.float32)
         negative = self._buffer("negative", total.shape[0], "bool", total)
         kernels.less_into(total, 0, negative)
         as_int = total.view(namespace.dtype_of(total, "int32"))

@@ -9,6 +9,7 @@ MPI's reduction is what Horovod relies on too: for a commutative sum Open MPI gi
 rank the same bits (each chunk is reduced once and the result passed on), which the tests
 check (replicas bitwise identical).
 """
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,9 +39,13 @@ class PlainSumPipeline(Pipeline):
 
     def step(self, grad, tag=0):
         """The sum over ranks of ``grad`` (1-D, length n, cast to float32) in grad's library
-        and device: a buffer of this pipeline, valid until its next step. ``tag`` is unused
-        (the caller agreed on the layout)."""
-        g = grad.detach().reshape(-1).float() if namespace.is_torch(grad) else np.asarray(grad, np.float32).ravel()
+        and device: a buffer of this pipeline, valid until its next step (an eager TensorFlow
+        tensor: a new one). ``tag`` is unused (the caller agreed on the layout)."""
+        if namespace.is_tensorflow(grad):  # on its device until the sum's own payload crosses
+            tf = sys.modules["tensorflow"]
+            g = tf.reshape(tf.cast(grad, tf.float32), [-1])
+        else:
+            g = grad.detach().reshape(-1).float() if namespace.is_torch(grad) else np.asarray(grad, np.float32).ravel()
         if g.shape[0] != self.n:
             raise ValueError(f"the gradient has {g.shape[0]} elements, this pipeline sums {self.n}")
         before = self.traffic

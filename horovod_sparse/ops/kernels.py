@@ -105,7 +105,13 @@ def count_at_least(keys, key, out):
 
 def bfloat16_bits(x, out):
     """Write the int16 bits of float32 ``x`` rounded to bfloat16 (nearest, ties to even) into
-    ``out`` (int16, same length); a NaN gives some NaN code (torch's cast), callers fix NaNs."""
+    ``out`` (int16, same length); a NaN gives some NaN code (torch's cast), callers fix NaNs.
+    TensorFlow: numpy's integer rounding, into a new int16 tensor (``out`` unused)."""
+    if is_tensorflow(x):
+        tf = sys.modules["tensorflow"]
+        bits = tf.bitcast(x, tf.int32)
+        rounded = tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, 16), 1) + bits + 0x7FFF
+        return tf.cast(tf.bitwise.right_shift(rounded, 16), tf.int16)
     if is_torch(x):
         return out.view(sys.modules["torch"].bfloat16).copy_(x)
     bits = int_view(x)  # bits + 0x7FFF + (bit 16), then the top half: wraps only for NaNs

@@ -26,7 +26,14 @@ right shifts agree. The work is ~12 in-place passes over count bytes.
 
 :func:`pack_into`/:func:`unpack_into` work in the caller's buffers (numpy or torch, any
 device); :func:`pack`/:func:`unpack` are the allocating numpy interface.
+
+TensorFlow tensors (immutable) are packed by :func:`pack_into` into a new tensor, and unpacked
+by :func:`unpack_into` into new int32 codes, with the same layout: 8 codes of <= 8 bits are
+one int64 word per group (``code k << k * bits``, disjoint bits, below bit 56), cut into its
+``bits`` bytes; codes of 9..16 bits go through their bits, one per element.
 """
+import sys
+
 import numpy as np
 
 from horovod_sparse.ops import namespace, views
@@ -83,11 +90,15 @@ def pack_into(codes, bits, count, out, scratch):
 
     codes : 1-D buffer of dtype :func:`code_dtype` (uint8 or int16) and length
         ``padded_count(count)``, codes in [0, 2**bits), zeros after ``count``;
-        overwritten (it is the working space).
-    out : 1-D uint8 buffer, same library/device. Returns ``out[:nbytes]``.
+        overwritten (it is the working space). TensorFlow: any integer tensor of at least
+        ``count`` codes in [0, 2**bits).
+    out : 1-D uint8 buffer, same library/device. Returns ``out[:nbytes]`` (TensorFlow: a
+        new uint8 tensor of ``nbytes``; ``out`` may be None).
     """
     bits = _check_bits(bits)
     nbytes = packed_nbytes(count, bits)
+    if namespace.is_tensorflow(codes):  # a new tensor; ``out`` and ``scratch`` unused
+        return _pack_tensorflow(codes, bits, int(count), nbytes)
     if count == 0:
         return out[:0]
     if bits in (8, 16):  # already the stream
@@ -139,9 +150,12 @@ def unpack_into(data, bits, count, codes, scratch):
     data : 1-D uint8 (numpy or torch) of at least ``packed_nbytes(count, bits)`` bytes.
     codes : 1-D buffer of :func:`code_dtype` and length ``padded_count(count)``, same
         library/device. Returns ``codes[:count]``; codes after ``count`` are garbage.
+        TensorFlow: returns new int32 codes (``count``); ``codes`` may be None.
     """
     bits = _check_bits(bits)
     nbytes = packed_nbytes(count, bits)
+    if namespace.is_tensorflow(data):  # new int32 codes; ``codes`` and ``scratch`` unused
+        return _unpack_tensorflow(data, bits, int(count), nbytes)
     if count == 0:
         return codes[:0]
     as_bytes = codes.view(namespace.dtype_of(codes, "uint8"))
@@ -193,6 +207,43 @@ def unpack_into(data, bits, count, codes, scratch):
         words &= high
         words |= temp
     return codes[:count]
+
+
+def _pack_tensorflow(codes, bits, count, nbytes):
+    """:func:`pack_into` of a TensorFlow integer tensor: a new uint8 tensor of ``nbytes``."""
+    tf = sys.modules["tensorflow"]
+    codes = tf.cast(codes[:count], tf.int64)
+    if bits == 8:
+        return tf.cast(codes, tf.uint8)
+    codes = tf.pad(codes, [[0, padded_count(count) - count]])
+    if bits < 8:  # a group of 8 codes: one word, its low ``bits`` bytes the stream
+        groups = tf.reshape(codes, [-1, 8])
+        word = tf.reduce_sum(tf.bitwise.left_shift(groups, tf.constant([k * bits for k in range(8)], tf.int64)), 1)
+        shifts = tf.constant([8 * j for j in range(bits)], tf.int64)
+        stream = tf.bitwise.bitwise_and(tf.bitwise.right_shift(word[:, None], shifts), 0xFF)
+    else:  # the codes' bits, LSB first, eight to a byte
+        one_bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(codes[:, None], tf.range(bits, dtype=tf.int64)), 1)
+        stream = tf.reduce_sum(tf.bitwise.left_shift(tf.reshape(one_bits, [-1, 8]), tf.range(8, dtype=tf.int64)), 1)
+    return tf.cast(tf.reshape(stream, [-1])[:nbytes], tf.uint8)
+
+
+def _unpack_tensorflow(data, bits, count, nbytes):
+    """:func:`unpack_into` of a TensorFlow uint8 tensor: the ``count`` codes, new int32."""
+    tf = sys.modules["tensorflow"]
+    data = tf.cast(data[:nbytes], tf.int64)
+    if bits == 8:
+        return tf.cast(data, tf.int32)
+    if bits < 8:
+        groups = -(-count // 8)
+        stream = tf.reshape(tf.pad(data, [[0, groups * bits - nbytes]]), [groups, bits])
+        word = tf.reduce_sum(tf.bitwise.left_shift(stream, tf.constant([8 * j for j in range(bits)], tf.int64)), 1)
+        shifts = tf.constant([k * bits for k in range(8)], tf.int64)
+        codes = tf.bitwise.bitwise_and(tf.bitwise.right_shift(word[:, None], shifts), (1 << bits) - 1)
+    else:
+        one_bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(data[:, None], tf.range(8, dtype=tf.int64)), 1)
+        one_bits = tf.reshape(tf.reshape(one_bits, [-1])[:count * bits], [count, bits])
+        codes = tf.reduce_sum(tf.bitwise.left_shift(one_bits, tf.range(bits, dtype=tf.int64)), 1)
+    return tf.cast(tf.reshape(codes, [-1])[:count], tf.int32)
 
 
 def _copy_rows(dst, src):

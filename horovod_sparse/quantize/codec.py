@@ -26,7 +26,15 @@ Contract, relied on by every exchange:
 
 Scratch buffers live in the codec (:mod:`.scratch`): one codec instance serves one
 pipeline, one call at a time.
+
+TensorFlow tensors (a step run as TensorFlow ops on the gradients' device) are immutable:
+``encode``/``decode`` return new tensors (``out`` is not written), and
+:meth:`ValueCodec.encode_decoded` returns the code with its decoded floats. The kernels
+branch on TensorFlow inside (each returns its result), so a code is written once and
+gives the numpy path's bytes and floats.
 """
+import sys
+
 import numpy as np
 
 from horovod_sparse.ops import namespace, views
@@ -42,6 +50,9 @@ def as_values(values):
     if namespace.is_torch(values):
         import torch
         return values.detach().reshape(-1).to(torch.float32).contiguous()
+    if namespace.is_tensorflow(values):
+        tf = sys.modules["tensorflow"]
+        return tf.reshape(tf.cast(values, tf.float32), [-1])
     return np.ascontiguousarray(np.asarray(values).ravel(), dtype=VALUE_DTYPE)
 
 
@@ -49,6 +60,8 @@ def as_bytes(data):
     """``data`` as a 1-D uint8 array (a torch tensor stays a tensor)."""
     if namespace.is_torch(data):
         return data.reshape(-1)
+    if namespace.is_tensorflow(data):
+        return sys.modules["tensorflow"].reshape(data, [-1])
     return np.ascontiguousarray(data, dtype=np.uint8).ravel()
 
 
@@ -63,13 +76,28 @@ class ValueCodec:
 
     def encode(self, values, seed=0, out=None, decoded=None):
         x = as_values(values)
+        if namespace.is_tensorflow(x):  # a new tensor (``out`` and ``decoded`` not written)
+            return self._encode(x, seed, None, None)[0]
         out = self._code_buffer(out, x.shape[0], x)
         with np.errstate(all="ignore"):  # overflow, NaN, 0/0: documented per code, never a warning
             self._encode(_kernel(x), seed, _kernel(out), None if decoded is None else _kernel(decoded))
         return out
 
+    def encode_decoded(self, values, seed=0, out=None, decoded=None):
+        """``(code, floats)``: :meth:`encode` and what :meth:`decode` gives for that code, written
+        into ``out`` and ``decoded`` (numpy, torch: allocated when None), or new tensors
+        (TensorFlow: the buffers are not used)."""
+        x = as_values(values)
+        if namespace.is_tensorflow(x):
+            return self._encode(x, seed, None, True)
+        if decoded is None:
+            decoded = namespace.new_empty(x.shape[0], "float32", x)
+        return self.encode(x, seed, out=out, decoded=decoded), decoded
+
     def decode(self, data, count, out=None):
         data = as_bytes(data)
+        if namespace.is_tensorflow(data):
+            return self._decode(data, count, None)
         out = self._value_buffer(out, count, data)
         with np.errstate(all="ignore"):
             self._decode(_kernel(data), count, _kernel(out))
@@ -77,11 +105,13 @@ class ValueCodec:
 
     def _encode(self, x, seed, out, decoded):
         """encode into ``out`` (and ``decoded``): arrays of one library and device, numpy for
-        anything on the CPU (see :func:`_kernel`)."""
+        anything on the CPU (see :func:`_kernel`). Returns ``(code, decoded)``: on TensorFlow
+        new tensors (``out`` is None; ``decoded`` True asks for the floats, None not)."""
         raise NotImplementedError
 
     def _decode(self, data, count, out):
-        """decode into ``out`` (``count`` floats), arrays as for :meth:`_encode`."""
+        """decode into ``out`` (``count`` floats), arrays as for :meth:`_encode`; returns the
+        floats (TensorFlow: a new tensor, ``out`` is None)."""
         raise NotImplementedError
 
     def nbytes(self, count):
@@ -133,14 +163,24 @@ class Float32Codec(ValueCodec):
 
     def encode(self, values, seed=0, out=None, decoded=None):
         x = as_values(values)
+        if namespace.is_tensorflow(x):
+            return self._encode(x, seed, None, None)[0]
         out = self._code_buffer(out, x.shape[0], x)
         out[...] = x.view(namespace.dtype_of(x, "uint8"))
         if decoded is not None:
             decoded[...] = x
         return out
 
+    def _encode(self, x, seed, out, decoded):
+        """TensorFlow only: the float32 bytes, and the values themselves."""
+        tf = sys.modules["tensorflow"]
+        return tf.reshape(tf.bitcast(x, tf.uint8), [-1]), x
+
     def decode(self, data, count, out=None):
         data = as_bytes(data)
+        if namespace.is_tensorflow(data):
+            tf = sys.modules["tensorflow"]
+            return tf.bitcast(tf.reshape(data[:4 * count], [count, 4]), tf.float32)
         out = self._value_buffer(out, count, data)
         out.view(namespace.dtype_of(out, "uint8"))[...] = data[:4 * count]
         return out

@@ -13,6 +13,12 @@ fixed-order trees (:mod:`.sums`). Each encode is a few in-place passes over the 
 into reused scratch buffers (:mod:`.scratch`); each decode writes its floats once or
 twice.
 
+TensorFlow tensors (the step as TensorFlow ops on the gradients' device) take the same
+path: each kernel below that writes into a buffer has a TensorFlow branch that returns a
+new tensor (the same elementwise float32 and integer operations, so the same bits), and
+``_encode``/``_decode`` use what the kernels return; on numpy and torch that is the buffer
+they wrote. Stochastic codes draw the same counter-based numbers on the device.
+
 Nothing here raises on data (encoders run inside collective exchanges, where a raise
 on one rank would leave the others waiting); what non-finite input gives is stated per
 codec: in short, a NaN or inf never silently turns into a finite value except where a
@@ -24,6 +30,7 @@ signSGD / Signum, Bernstein et al., ICML'18; EF-signSGD, Karimireddy et al., ICM
 """
 import functools
 import math
+import sys
 
 import numpy as np
 
@@ -54,8 +61,29 @@ def _scalar(value, like):
     return float(value) if namespace.is_torch(like) else np.float32(value)
 
 
+def _tf():
+    return sys.modules["tensorflow"]
+
+
+def _window(buffer, start, stop=None):
+    """``buffer[start:stop]``, or None where there is no buffer (TensorFlow: new tensors)."""
+    return None if buffer is None or buffer is True else buffer[start:stop]
+
+
+def _joined(out, *parts):
+    """What was written: ``out`` (numpy, torch: the parts are its pieces, already in place),
+    or the parts concatenated (TensorFlow, ``out`` None)."""
+    if out is not None and out is not True:
+        return out
+    parts = [p for p in parts if p is not None]
+    return parts[0] if len(parts) == 1 else _tf().concat(parts, 0)
+
+
 def _write_floats(out, floats):
-    """Write the float32 1-D ``floats`` as the first 4 * len bytes of the uint8 ``out``."""
+    """Write the float32 1-D ``floats`` as the first 4 * len bytes of the uint8 ``out``; returns
+    those bytes (TensorFlow: a new uint8 tensor)."""
+    if namespace.is_tensorflow(floats):
+        return _tf().reshape(_tf().bitcast(floats, _tf().uint8), [-1])
     k = floats.shape[0]
     if namespace.is_torch(floats):
         if floats.stride(0) != 1:  # a column of a matrix (a tree's sums)
@@ -64,10 +92,13 @@ def _write_floats(out, floats):
     else:
         floats = np.ascontiguousarray(floats)
     out[:4 * k] = floats.view(namespace.dtype_of(floats, "uint8"))
+    return out[:4 * k]
 
 
 def _read_floats(data, k, scratch):
     """The first ``k`` float32 of the uint8 ``data`` (copied to an aligned scratch buffer)."""
+    if namespace.is_tensorflow(data):
+        return _tf().bitcast(_tf().reshape(data[:4 * k], [k, 4]), _tf().float32)
     aligned = scratch.get("header", 4 * k, "uint8", data)
     aligned[...] = data[:4 * k]
     return aligned.view(namespace.dtype_of(aligned, "float32"))
@@ -86,7 +117,10 @@ def _aligned_view(data, dtype_name, scratch, name):
 
 def _negative_bits(x, scratch):
     """uint8 0/1 per value, 1 where x < 0 (so sign(0) = sign(-0) = sign(NaN) = +1), in a
-    zero-padded buffer of ``padded_count`` values (the 1-bit packer's input)."""
+    zero-padded buffer of ``padded_count`` values (the 1-bit packer's input; TensorFlow: a
+    new tensor of ``count``)."""
+    if namespace.is_tensorflow(x):
+        return _tf().cast(x < 0, _tf().uint8)
     count = x.shape[0]
     mask = scratch.get("negative", padded_count(count), "bool", x)
     kernels.less_into(x, 0, mask[:count])
@@ -97,6 +131,8 @@ def _negative_bits(x, scratch):
 def _pair(when_zero, when_one, like):
     """float32 [when_zero, when_one] in ``like``'s library and device (0-d arrays or numpy
     scalars in, their bits kept): the values of a 1-bit code (:mod:`.lookup`)."""
+    if namespace.is_tensorflow(like):
+        return _tf().stack([_tf().cast(when_zero, _tf().float32), _tf().cast(when_one, _tf().float32)])
     pair = namespace.empty(2, "float32", like)
     pair[0], pair[1] = when_zero, when_one
     return pair
@@ -106,6 +142,10 @@ def _signs(magnitude, like):
     """float32 [magnitude, -magnitude], the second the first with its sign bit flipped
     (exact for every float, NaN included)."""
     pair = _pair(magnitude, magnitude, like)
+    if namespace.is_tensorflow(pair):
+        tf = _tf()
+        flipped = tf.bitwise.bitwise_xor(tf.bitcast(pair, tf.int32), tf.constant([0, -(1 << 31)], tf.int32))
+        return tf.bitcast(flipped, tf.float32)
     views.int_view(pair)[1:] ^= -(1 << 31)
     return pair
 
@@ -114,6 +154,16 @@ def _sqrt(values):
     """float32 square roots rounded to nearest, as IEEE defines them. torch's CPU kernel
     can be 1 ulp off, so each root moves to the neighbour whose rounding interval holds
     the exact root: the float64 squares of float32 midpoints are exact. (Small arrays.)"""
+    if namespace.is_tensorflow(values):  # the same correction (tf.sqrt may be approximate too)
+        tf = _tf()
+        root = tf.sqrt(values)
+        down = tf.math.nextafter(root, tf.zeros_like(root))
+        up = tf.math.nextafter(root, tf.fill(tf.shape(root), tf.constant(math.inf, tf.float32)))
+        wide = tf.cast(values, tf.float64)
+        low_mid = (tf.cast(root, tf.float64) + tf.cast(down, tf.float64)) / 2
+        high_mid = (tf.cast(root, tf.float64) + tf.cast(up, tf.float64)) / 2
+        root = tf.where(wide < low_mid * low_mid, down, root)
+        return tf.where(wide > high_mid * high_mid, up, root)
     lib, xp = namespace.backend(values), namespace.namespace(values)
     root = lib.sqrt(values)
     down = lib.nextafter(root, xp.zeros_like(root))
@@ -150,6 +200,8 @@ class BF16Codec(ValueCodec):
     @_quiet
     def encode(self, values, seed=0, out=None, decoded=None):
         x = as_values(values)
+        if namespace.is_tensorflow(x):
+            return self._encode(x, seed, None, None)[0]
         out = self._code_buffer(out, x.shape[0], x)
         in_place = not namespace.is_torch(out) or (out.storage_offset() % 2 == 0 and out.shape[0] > 0)
         codes = (out.view(namespace.dtype_of(out, "int16")) if in_place
@@ -166,15 +218,28 @@ class BF16Codec(ValueCodec):
             self._values(codes, decoded)
         return out
 
+    def _encode(self, x, seed, out, decoded):
+        """TensorFlow's encode (numpy, torch: :meth:`encode`): the same rounding by
+        :func:`~horovod_sparse.ops.kernels.bfloat16_bits`, every NaN made the quiet NaN."""
+        tf = _tf()
+        codes = kernels.bfloat16_bits(x, None)
+        codes = tf.where(tf.math.is_nan(x), tf.constant(self._QUIET_NAN, tf.int16), codes)
+        return tf.reshape(tf.bitcast(codes, tf.uint8), [-1]), None if decoded is None else self._values(codes, None)
+
     @_quiet
     def decode(self, data, count, out=None):
         data = as_bytes(data)[:2 * count]
+        if namespace.is_tensorflow(data):
+            return self._values(_tf().bitcast(_tf().reshape(data, [count, 2]), _tf().int16), None)
         out = self._value_buffer(out, count, data)
         return self._values(_aligned_view(data, "int16", self.scratch, "codes"), out)
 
     @staticmethod
     def _values(codes, out):
-        """float32 whose top 16 bits are the codes, low 16 bits zero."""
+        """float32 whose top 16 bits are the codes, low 16 bits zero (TensorFlow: new)."""
+        if namespace.is_tensorflow(codes):
+            tf = _tf()
+            return tf.bitcast(tf.bitwise.left_shift(tf.cast(codes, tf.int32), 16), tf.float32)
         as_int = out.view(namespace.dtype_of(out, "int32"))
         as_int[...] = codes
         as_int <<= 16
@@ -224,69 +289,75 @@ class _StochasticLevels(ValueCodec):
     def _encode(self, x, seed, out, decoded):
         count, scratch, s = x.shape[0], self.scratch, self.levels
         if count == 0:
+            if namespace.is_tensorflow(x):
+                return namespace.zeros(self.nbytes(0), "uint8", x), namespace.zeros(0, "float32", x)
             if self._buckets(0):
                 out[...] = 0
-            return
-        lib, xp = namespace.backend(x), namespace.namespace(x)
+            return out, decoded
         bucket = self._bucket(count)
         scales = self._scales(x, bucket, scratch)
-        _write_floats(out, scales)
+        head = _write_floats(out, scales)
         # 1. inv = s / S per bucket; broken buckets get inv = 0 (and level 0 below)
-        inv = scratch.get("inverse", scales.shape[0], "float32", x)
-        inv[...] = s
-        lib.divide(inv, scales, out=inv)
-        good = xp.isfinite(inv) & xp.isfinite(scales)
-        broken = None if bool(xp.all(good)) else ~good
-        if broken is not None:
-            inv[broken] = 0
+        inv, broken = _inverse(scales, s, scratch)
         steps = self._steps(scales, scratch) if decoded is not None else None
         lookup = self._lookup_values(steps, count, x) if decoded is not None else None
         # 2. y = x * inv + (h + 65536 s + 32768.5) * 2**-16, codes = trunc(y); block by
         # block, so that the temporaries stay in cache
-        packed = out[4 * scales.shape[0]:]
-        for start, stop, first in _blocks(count, bucket, scales.shape[0]):
-            codes = scratch.get("codes", padded_count(stop - start), code_dtype(self.bits), x)
-            codes[stop - start:] = 0
-            y = scratch.get("levels", stop - start, "float32", x)
-            _per_bucket(lib.multiply, x[start:stop], inv[first:], bucket, y)
-            noise = scratch.get("noise", stop - start, "float32", x)
-            kernels.cast_into(noise, random_int16(stop - start, seed, scratch, x, start))
-            noise += 65536.0 * s + 32768.5
-            noise *= 2.0 ** -16
-            y += noise
+        packed, streams, floats = _window(out, 4 * scales.shape[0]), [], []
+        for start, stop, first in _blocks_of(x, count, bucket, scales.shape[0]):
+            y = _per_bucket("multiply", x[start:stop], inv[first:], bucket,
+                            scratch.get("levels", stop - start, "float32", x))
+            y = _plus(y, _noise(stop - start, seed, s, scratch, x, start))
             if broken is not None:  # NaN * 0 in a broken bucket: level 0 there
-                _broken_rows(y, broken[first:], bucket, s)
+                y = _broken_rows(y, broken[first:], bucket, s)
             if s > 31:
-                lib.clip(y, 0, 2 * s, out=y)
-            if self.bits <= 8:
-                kernels.cast_into(codes[:stop - start], y)
-            else:  # via int32: codes up to 65535 do not fit int16's positive range
-                wide = scratch.get("wide", stop - start, "int32", x)
-                codes[:stop - start] = kernels.cast_into(wide, y)
+                y = _clipped(y, 0, 2 * s)
+            codes = self._codes(y, stop - start, scratch)
             if decoded is not None and lookup is None:
-                self._values(codes[:stop - start], steps[first:], bucket, decoded[start:stop])
-            pack_into(codes, self.bits, stop - start, packed[start * self.bits // 8:], scratch)
+                floats.append(self._values(codes[:stop - start], steps[first:], bucket,
+                                           _window(decoded, start, stop)))
+            streams.append(pack_into(codes, self.bits, stop - start,
+                                     _window(packed, start * self.bits // 8), scratch))
+        packed = _joined(packed, *streams)
         if lookup is not None:
-            decode_small_codes(packed, self.bits, count, lookup, decoded)
+            floats = [decode_small_codes(packed, self.bits, count, lookup, decoded)]
+        return _joined(out, head, packed), None if decoded is None else _joined(decoded, *floats)
+
+    def _codes(self, y, count, scratch):
+        """trunc(y) as the codes (numpy, torch: a zero-padded scratch buffer of :func:`code_dtype`
+        and ``padded_count``; TensorFlow: new int32)."""
+        if namespace.is_tensorflow(y):
+            return _tf().cast(y, _tf().int32)
+        codes = scratch.get("codes", padded_count(count), code_dtype(self.bits), y)
+        codes[count:] = 0
+        if self.bits <= 8:
+            kernels.cast_into(codes[:count], y)
+        else:  # via int32: codes up to 65535 do not fit int16's positive range
+            wide = scratch.get("wide", count, "int32", y)
+            codes[:count] = kernels.cast_into(wide, y)
+        return codes
 
     def _decode(self, data, count, out):
         if count == 0:
-            return
+            return namespace.zeros(0, "float32", data) if namespace.is_tensorflow(data) else out
         scratch = self.scratch
         scales = _read_floats(data, self._buckets(count), scratch)
         packed = data[4 * scales.shape[0]:]
         steps, bucket = self._steps(scales, scratch), self._bucket(count)
-        lookup = self._lookup_values(steps, count, out)
+        lookup = self._lookup_values(steps, count, steps)
         if lookup is not None:
-            decode_small_codes(packed, self.bits, count, lookup, out)
-            return
-        for start, stop, first in _blocks(count, bucket, scales.shape[0]):
+            return decode_small_codes(packed, self.bits, count, lookup, out)
+        floats = []
+        for start, stop, first in _blocks_of(data, count, bucket, scales.shape[0]):
             codes = scratch.get("codes", padded_count(stop - start), code_dtype(self.bits), data)
-            unpack_into(packed[start * self.bits // 8:], self.bits, stop - start, codes, scratch)
-            self._values(codes[:stop - start], steps[first:], bucket, out[start:stop])
+            codes = unpack_into(packed[start * self.bits // 8:], self.bits, stop - start, codes, scratch)
+            floats.append(self._values(codes, steps[first:], bucket, _window(out, start, stop)))
+        return _joined(out, *floats)
 
     def _steps(self, scales, scratch):
         """S / s per bucket: the value of one level."""
+        if namespace.is_tensorflow(scales):
+            return scales / np.float32(self.levels)
         steps = scratch.get("steps", scales.shape[0], "float32", scales)
         return namespace.backend(scales).divide(scales, _scalar(self.levels, scales), out=steps)
 
@@ -296,15 +367,21 @@ class _StochasticLevels(ValueCodec):
         table (:mod:`.lookup`); else None."""
         if self.bits > 2 or self._buckets(count) != 1:
             return None
-        values = kernels.cast_into(self.scratch.get("lookup", 1 << self.bits, "float32", like),
-                                   namespace.arange(1 << self.bits, like))
-        values -= self.levels
-        _per_bucket(namespace.backend(values).multiply, values, steps, 1 << self.bits, values)
-        return values
+        if namespace.is_tensorflow(like):
+            values = _tf().cast(namespace.arange(1 << self.bits, like), _tf().float32) - np.float32(self.levels)
+        else:
+            values = kernels.cast_into(self.scratch.get("lookup", 1 << self.bits, "float32", like),
+                                       namespace.arange(1 << self.bits, like))
+            values -= self.levels
+        return _per_bucket("multiply", values, steps, 1 << self.bits, values)
 
     def _values(self, codes, steps, bucket, out):
-        """3. out = (code - s) * (S / s) (codes of whole buckets, or of part of the only bucket)."""
-        lib, s = namespace.backend(out), self.levels
+        """3. out = (code - s) * (S / s) (codes of whole buckets, or of part of the only bucket);
+        returns ``out`` (TensorFlow: new floats from the int32 codes, ``out`` unused)."""
+        if namespace.is_tensorflow(codes):
+            values = _tf().cast(codes, _tf().float32) - np.float32(self.levels)
+            return _per_bucket("multiply", values, steps, bucket, None)
+        s = self.levels
         if self.bits == 16:  # int16 holds codes >= 32768 as negative numbers
             wide = self.scratch.get("wide", codes.shape[0], "int32", out)
             wide[...] = codes
@@ -312,7 +389,7 @@ class _StochasticLevels(ValueCodec):
             codes = wide
         kernels.cast_into(out, codes)
         out -= s
-        _per_bucket(lib.multiply, out, steps, bucket, out)
+        _per_bucket("multiply", out, steps, bucket, out)
         return out
 
 
@@ -329,27 +406,93 @@ def _blocks(count, bucket, buckets):
         yield start, min(start + size, count), 0 if buckets == 1 else start // bucket
 
 
+def _blocks_of(x, count, bucket, buckets):
+    """:func:`_blocks`; one block on TensorFlow (new tensors: no temporaries to keep in cache;
+    the counter-based noise and the per-bucket arithmetic do not depend on the blocks)."""
+    return [(0, count, 0)] if namespace.is_tensorflow(x) else _blocks(count, bucket, buckets)
+
+
+def _inverse(scales, s, scratch):
+    """(inv, broken): inv = s / S per bucket, 0 where the bucket is broken (S zero or not
+    finite, or s / S overflowing); broken the bool mask of those buckets, None if none."""
+    if namespace.is_tensorflow(scales):
+        tf = _tf()
+        inv = np.float32(s) / scales
+        good = tf.math.is_finite(inv) & tf.math.is_finite(scales)
+        broken = None if bool(tf.reduce_all(good)) else ~good
+        return (inv if broken is None else tf.where(broken, tf.zeros_like(inv), inv)), broken
+    lib, xp = namespace.backend(scales), namespace.namespace(scales)
+    inv = scratch.get("inverse", scales.shape[0], "float32", scales)
+    inv[...] = s
+    lib.divide(inv, scales, out=inv)
+    good = xp.isfinite(inv) & xp.isfinite(scales)
+    broken = None if bool(xp.all(good)) else ~good
+    if broken is not None:
+        inv[broken] = 0
+    return inv, broken
+
+
+def _noise(count, seed, s, scratch, like, start):
+    """float32 (h + 65536 s + 32768.5) * 2**-16 of values start .. start + count - 1."""
+    h = random_int16(count, seed, scratch, like, start)
+    if namespace.is_tensorflow(like):  # the constant rounded to float32 first, as numpy does
+        return (_tf().cast(h, _tf().float32) + np.float32(65536.0 * s + 32768.5)) * np.float32(2.0 ** -16)
+    noise = scratch.get("noise", count, "float32", like)
+    kernels.cast_into(noise, h)
+    noise += 65536.0 * s + 32768.5
+    noise *= 2.0 ** -16
+    return noise
+
+
+def _plus(y, z):
+    """y += z (TensorFlow: y + z); returns the sum."""
+    if namespace.is_tensorflow(y):
+        return y + z
+    y += z
+    return y
+
+
+def _clipped(y, low, high):
+    """y clipped to [low, high] in place (TensorFlow: new); returns it."""
+    if namespace.is_tensorflow(y):
+        return _tf().clip_by_value(y, np.float32(low), np.float32(high))
+    namespace.backend(y).clip(y, low, high, out=y)
+    return y
+
+
 def _per_bucket(op, x, per_bucket, bucket, out):
     """out = op(x, per_bucket[bucket of each value]) for consecutive buckets of ``bucket``
     values starting at x[0] (the last one may be shorter), as one broadcast over full
-    buckets plus the tail."""
+    buckets plus the tail. ``op`` names the library's function ("multiply"); returns ``out``
+    (TensorFlow: a new tensor, each value with its bucket's factor)."""
     count = x.shape[0]
+    if namespace.is_tensorflow(x):
+        tf = _tf()
+        factors = tf.repeat(per_bucket[:-(-count // bucket)], bucket)[:count]
+        return getattr(tf.math, op)(x, factors)
+    op = getattr(namespace.backend(x), op)
     full = count // bucket
     if full:
         op(x[:full * bucket].reshape(full, bucket), per_bucket[:full, None],
            out=out[:full * bucket].reshape(full, bucket))
     if full * bucket < count:
         op(x[full * bucket:], per_bucket[full], out=out[full * bucket:count])
+    return out
 
 
 def _broken_rows(y, broken, bucket, level):
-    """y = level (code s, level 0) in the buckets flagged ``broken``."""
+    """y = level (code s, level 0) in the buckets flagged ``broken``; returns y (TensorFlow: new)."""
     count = y.shape[0]
+    if namespace.is_tensorflow(y):
+        tf = _tf()
+        flagged = tf.repeat(broken[:-(-count // bucket)], bucket)[:count]
+        return tf.where(flagged, tf.fill(tf.shape(y), np.float32(level)), y)
     full = count // bucket
     if full:
         y[:full * bucket].reshape(full, bucket)[broken[:full]] = level
     if full * bucket < count and bool(broken[full]):
         y[full * bucket:] = level
+    return y
 
 
 class QSGDCodec(_StochasticLevels):
@@ -393,7 +536,20 @@ class QSGDCodec(_StochasticLevels):
         return -(-int(count) // self.bucket_size)
 
     def _scales(self, x, bucket, scratch):
-        count, lib = x.shape[0], namespace.backend(x)
+        count = x.shape[0]
+        if namespace.is_tensorflow(x):  # the same rows summed by the same tree, block by block
+            tf, rows = _tf(), {}
+            for start, stop, first in _blocks(count, bucket, self._buckets(count)):
+                squares, full = x[start:stop] * x[start:stop], (stop - start) // bucket
+                if full:
+                    rows[first] = tree_sum_rows(tf.reshape(squares[:full * bucket], [full, bucket]))
+                if full * bucket < stop - start:
+                    part = tree_sum_rows(tf.reshape(squares[full * bucket:], [1, -1]))
+                    # one bucket longer than a block (buckets == 1) goes on in the next block:
+                    # its blocks' sums are added in order, as below
+                    rows[first + full] = rows[first + full] + part if first + full in rows else part
+            return _sqrt(tf.concat([rows[k] for k in sorted(rows)], 0))
+        lib = namespace.backend(x)
         norms = scratch.get("norms", self._buckets(count), "float32", x)
         for start, stop, first in _blocks(count, bucket, norms.shape[0]):  # whole buckets each
             squares = scratch.get("squares", stop - start, "float32", x)
@@ -402,7 +558,11 @@ class QSGDCodec(_StochasticLevels):
             if full:
                 norms[first:first + full] = tree_sum_rows(squares[:full * bucket].reshape(full, bucket))
             if full * bucket < stop - start:
-                norms[first + full:] = tree_sum_rows(squares[full * bucket:].reshape(1, -1))
+                part = tree_sum_rows(squares[full * bucket:].reshape(1, -1))
+                if start and norms.shape[0] == 1:  # one bucket longer than a block: add its blocks' sums in order
+                    norms[first + full:] += part
+                else:
+                    norms[first + full:] = part
         norms[...] = _sqrt(norms)
         return norms
 
@@ -440,6 +600,10 @@ class TernGradCodec(_StochasticLevels):
         return 1
 
     def _scales(self, x, bucket, scratch):
+        if namespace.is_tensorflow(x):  # max |x| = max(|min|, |max|); a NaN anywhere gives NaN
+            tf = _tf()
+            scale = tf.reduce_max(tf.abs(x), keepdims=True)
+            return tf.where(tf.reduce_any(tf.math.is_nan(x)), tf.constant([math.nan], tf.float32), scale)
         xp = namespace.namespace(x)
         low, high = (namespace.backend(x).aminmax(x) if namespace.is_torch(x) else (np.min(x), np.max(x)))
         scale = scratch.get("scale", 1, "float32", x)
@@ -472,16 +636,16 @@ class SignCodec(ValueCodec):
         count = x.shape[0]
         bits = _negative_bits(x, self.scratch)
         header = self._header(x, bits, count)
-        if header is not None:
-            _write_floats(out, header)
-        stream = pack_into(bits, 1, count, out[4 * self.header_floats:], self.scratch)
+        head = None if header is None else _write_floats(out, header)
+        stream = pack_into(bits, 1, count, _window(out, 4 * self.header_floats), self.scratch)
         if decoded is not None:  # from the code's own bytes: decode's floats, one pass
-            decode_small_codes(stream, 1, count, self._values(header, x), decoded)
+            decoded = decode_small_codes(stream, 1, count, self._values(header, x), decoded)
+        return _joined(out, head, stream), decoded
 
     def _decode(self, data, count, out):
         k = self.header_floats
         header = _read_floats(data, k, self.scratch) if k else None
-        decode_small_codes(data[4 * k:], 1, count, self._values(header, out), out)
+        return decode_small_codes(data[4 * k:], 1, count, self._values(header, data if out is None else out), out)
 
     def _header(self, x, bits, count):
         """The header floats (float32 array of ``header_floats``), or None."""
@@ -490,7 +654,10 @@ class SignCodec(ValueCodec):
     def vote_of_two(self, first, second, out):
         """The code of the majority vote of two codes (uint8, same count): negative only where
         both are (elsewhere the sum of the signs is 0 or 2, and sign(0) = +1), so the bits
-        ANDed. The compressed allreduce's P = 2 vote, without decoding either code."""
+        ANDed. The compressed allreduce's P = 2 vote, without decoding either code. (TensorFlow:
+        a new tensor, ``out`` unused.)"""
+        if namespace.is_tensorflow(first):
+            return _tf().bitwise.bitwise_and(first, second)
         return namespace.backend(out).bitwise_and(first, second, out=out)
 
     def _values(self, header, like):
@@ -517,6 +684,10 @@ class ScaledSignCodec(SignCodec):
     header_floats = 1
 
     def _header(self, x, bits, count):
+        if namespace.is_tensorflow(x):
+            tf = _tf()
+            magnitudes = tf.abs(x) if count else tf.zeros([1], tf.float32)
+            return tree_sum_rows(tf.reshape(magnitudes, [1, -1])) / _scalar(max(count, 1), x)
         magnitudes = self.scratch.get("magnitudes", max(count, 1), "float32", x)
         if count:
             namespace.backend(x).abs(x, out=magnitudes)
@@ -551,8 +722,15 @@ class OneBitCodec(SignCodec):
     header_floats = 2
 
     def _header(self, x, bits, count):
-        lib, scratch = namespace.backend(x), self.scratch
         negatives = indices.count_nonzero(bits[:count])
+        if namespace.is_tensorflow(x):  # numpy's clip: -0 becomes +0 on both sides, NaN stays
+            tf = _tf()
+            zero = tf.zeros_like(x)
+            sides = (tf.stack([tf.where(x <= 0, zero, x), tf.where(x >= 0, zero, x)]) if count
+                     else tf.zeros([2, 1], tf.float32))
+            sums = tree_sum_rows(sides)                             # [sum of max(x, 0), of min(x, 0)]
+            return sums / tf.constant([max(count - negatives, 1), max(negatives, 1)], tf.float32)
+        lib, scratch = namespace.backend(x), self.scratch
         sides = scratch.get("sides", 2 * max(count, 1), "float32", x).reshape(2, -1)
         if count:
             lib.clip(x, 0, None, out=sides[0])

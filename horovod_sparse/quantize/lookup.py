@@ -31,8 +31,12 @@ def decode_small_codes(data, bits, count, values, out, use_torch=None):
     bits : 1 or 2. values : 1-D float32 of 2**bits entries. data, values, out : the same
     library and device. use_torch : copy the rows with torch's index_select (~5x faster
     than numpy's take; numpy arrays are viewed as tensors, zero-copy, so the floats are
-    the same); None (default) means whenever torch is loaded. Returns ``out``.
+    the same); None (default) means whenever torch is loaded. Returns ``out`` (TensorFlow:
+    a new tensor, the same floats; ``out`` may be None).
     """
+    if namespace.is_tensorflow(data):  # a new tensor: each code's value gathered (``out`` unused)
+        from .bitpack import unpack_into
+        return sys.modules["tensorflow"].gather(values, unpack_into(data, bits, count, None, None))
     per = 8 // bits
     whole, tail = divmod(int(count), per)
     torch = sys.modules.get("torch") if use_torch is not False else None

@@ -16,7 +16,13 @@ A step, on the buffer's own library and device (numpy, or torch on CPU/CUDA):
    over MPI, decode on the device;
 3. only once the exchange succeeded: ``memory.commit_minus(acc, own)`` (residual =
    acc - own, in place) or ``memory.commit(u)``. A failed step changes nothing.
+
+On eager TensorFlow tensors (the TensorFlow frontend's host call with ``on_device``, when the
+compressor's ``tensorflow_ops`` is set) the same three steps run as TensorFlow ops on the
+gradient's device: the memory, the codec and the exchange have TensorFlow spellings that
+return new tensors, and only the codes cross to numpy for MPI. The bits are the numpy path's.
 """
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -119,7 +125,7 @@ class QuantizedPipeline(Pipeline):
         """Exchange this step's gradient; return the sum over ranks of what they sent, decoded.
 
         grad : 1-D float array of length n (cast to float32), numpy or a torch tensor on
-            any device; this rank's gradient, only read. A bad grad (wrong length, not
+            any device, or an eager TensorFlow tensor; this rank's gradient, only read. A bad grad (wrong length, not
             float, not 1-D) is reported through the exchange's agreement: ExchangeError
             on every rank.
         tag : int every rank passes identically (a CRC of the layout).
@@ -146,6 +152,10 @@ class QuantizedPipeline(Pipeline):
     def _float32(self, grad):
         """``grad`` as a 1-D float32 array of length n (no copy when it is one), or None."""
         try:
+            if namespace.is_tensorflow(grad):
+                if len(grad.shape) != 1 or grad.shape[0] != self.n or not grad.dtype.is_floating:
+                    return None
+                return sys.modules["tensorflow"].cast(grad, "float32")
             g = grad.detach() if namespace.is_torch(grad) else np.asarray(grad)
             if g.ndim != 1 or g.shape[0] != self.n or not namespace.namespace(g).isdtype(g.dtype, "real floating"):
                 return None

@@ -16,7 +16,10 @@ class Scratch:
 
     def get(self, name, count, dtype_name, like):
         """An uninitialised 1-D ``dtype_name`` buffer of ``count`` elements, in ``like``'s
-        library and device; the same memory as the last ``get`` of that name (and dtype)."""
+        library and device; the same memory as the last ``get`` of that name (and dtype).
+        None for a TensorFlow ``like``: its kernels make new tensors, there is nothing to reuse."""
+        if namespace.is_tensorflow(like):
+            return None
         key = (name, dtype_name, namespace.is_torch(like), str(getattr(like, "device", "")))
         buffer = self._buffers.get(key)
         if buffer is None or buffer.shape[0] < count:

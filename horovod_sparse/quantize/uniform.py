@@ -20,7 +20,11 @@ identically (int32 multiplication wraps modulo 2**32 in both):
 One hash gives two values, so a vector of n values costs n / 2 hashes. ``x ^= x >> 16``
 is one in-place XOR of two int16 views (low half ^= high half), which needs no logical
 shift (torch has none for int32). Words are little-endian int32 (x86, ARM, CUDA).
+TensorFlow computes the words as uint32 (wrapping multiplication, logical shifts), like
+numpy, into new tensors on the values' device: the same bits, drawn where the values are.
 """
+import sys
+
 import numpy as np
 
 from horovod_sparse.ops import namespace
@@ -51,9 +55,12 @@ def stream_keys(seed):
 
 def random_int16(count, seed, scratch, like, start=0):
     """``h_start .. h_{start+count-1}`` of the module docstring (``start`` even): int16, in
-    ``like``'s library and device, a view of ``scratch`` valid until its next use."""
+    ``like``'s library and device, a view of ``scratch`` valid until its next use
+    (TensorFlow: a new tensor; ``scratch`` unused)."""
     k1, k2 = stream_keys(seed)
     words = -(-int(count) // 2)
+    if namespace.is_tensorflow(like):
+        return _random_int16_tensorflow(count, words, k1, k2, like, start)
     if not namespace.is_torch(like):
         return _random_int16_numpy(count, words, k1, k2, scratch, start)
     lib = namespace.backend(like)
@@ -86,3 +93,19 @@ def _random_int16_numpy(count, words, k1, k2, scratch, start):
     np.right_shift(x, 16, out=shifted)
     x ^= shifted
     return x.view(np.int16)[:count]
+
+
+def _random_int16_tensorflow(count, words, k1, k2, like, start):
+    """TensorFlow's :func:`random_int16`: numpy's steps on uint32 tensors, on ``like``'s device."""
+    tf = sys.modules["tensorflow"]
+    with tf.device(like.device):
+        x = tf.range(words, dtype=tf.int64) + ((k1 + int(start) // 2) & 0xFFFFFFFF)
+        x = tf.cast(tf.bitwise.bitwise_and(x, 0xFFFFFFFF), tf.uint32)    # 2. x = j + k1 (mod 2**32)
+        sixteen = tf.constant(16, tf.uint32)
+        for multiplier, key in ((_M1, k2), (_M2, None)):
+            x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, sixteen))
+            x = x * tf.constant(multiplier & 0xFFFFFFFF, tf.uint32)
+            if key is not None:
+                x = tf.bitwise.bitwise_xor(x, tf.constant(key & 0xFFFFFFFF, tf.uint32))
+        x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, sixteen))
+        return tf.reshape(tf.bitcast(x, tf.int16), [-1])[:count]

@@ -157,6 +157,17 @@ def test_qsgd_structure_and_error_bound(levels, bucket):
     assert np.all(np.abs(out - x) <= norm_each / levels * (1 + 1e-6))
 
 
+def test_qsgd_norm_of_a_bucket_longer_than_a_block_covers_the_whole_bucket():
+    """A bucket of more values than one encoding block (codecs.BLOCK) is summed block by block;
+    its norm is every block's squares, not the last block's (a bug until 2026-11-25)."""
+    count = codecs_module.BLOCK + 37_000
+    x = data(count, seed=4)
+    for like in (x, __import__("torch").from_numpy(x)):
+        code = np.asarray(QSGDCodec(16, 2 ** 20).encode(like, seed=1))
+        norm = code[:4].view(np.float32)[0]
+        np.testing.assert_allclose(norm, np.sqrt(np.sum(x.astype(np.float64) ** 2)), rtol=1e-5)
+
+
 @pytest.mark.parametrize("levels,bucket", [(4, 16), (1, 5)])
 def test_qsgd_unbiased(levels, bucket):
     x = data(200, seed=1)
