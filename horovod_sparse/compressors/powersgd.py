@@ -38,6 +38,9 @@ class PowerSGDCompressor(OutOfBandCompressor):
     name = "powersgd"
     #: its cost depends on the gradients' shapes (one factorisation per matrix), not only their size
     per_matrix = True
+    #: the step runs as TensorFlow ops on the gradients' device (:mod:`horovod_sparse.lowrank`);
+    #: only P with the dense vector, and Q, cross to numpy for the Allreduces
+    tensorflow_ops = True
 
     def __init__(self, rank=1, error_feedback=True, warm_start=True, min_compression_rate=2.0, seed=0):
         super().__init__()

@@ -9,9 +9,13 @@ as the others.
 
 The buffer is numpy or a torch tensor on any device, and the step runs there
 (:mod:`horovod_sparse.ops`; on CPU through numpy's kernels on zero-copy views,
-:func:`~horovod_sparse.ops.views.kernel_view`). Only the factors cross to the host, for
-the two mpi4py Allreduces: P and the dense vector out, their sum back as the orthonormal
-basis and the dense sum; Q out, its sum back; the start Q's in.
+:func:`~horovod_sparse.ops.views.kernel_view`); or an eager TensorFlow tensor (the
+TensorFlow frontend's host call on a GPU, or with ``on_device``), and the step runs as
+TensorFlow ops on its device: the same steps, the kernels of :mod:`.factors` returning new
+tensors where numpy's write into the workspace (:func:`_joined`, :func:`_spliced` put the
+pieces together). Only the factors cross to the host, for the two mpi4py Allreduces: P and
+the dense vector out, their sum back as the orthonormal basis and the dense sum; Q out, its
+sum back; the start Q's in.
 
 One step, per compressed matrix M (a x b, see :mod:`.plan`; products in :mod:`.factors`),
 with rank r:
@@ -30,16 +34,25 @@ with rank r:
 6. result = P_orth (sum of Q)^T; this rank's share ``kept`` = P_orth Q_local^T (so the
    result is the sum over ranks of ``kept``, up to float32 rounding of the Q sum); both
    are r element-wise products summed in order (:func:`.factors.expand`), identical on
-   every rank and in every library. The residual M - kept is written into the
-   accumulated buffer chunk by chunk (kept never exists at size n), the dense part is
+   every rank and in every library (TensorFlow included, given the same factors). The
+   residual M - kept is written into the accumulated buffer chunk by chunk (kept never
+   exists at size n; TensorFlow: a new buffer, a block at once), the dense part is
    cleared (``memory.commit_cleared``); the summed Q is the next step's warm start.
 
 The dense part (1-D gradients, matrices too small or too thin to gain) is summed exactly
 by the first Allreduce; its ``kept`` is the accumulated value and its residual zero.
 
+Across libraries: the products of steps 3 and 5 are each library's own float32 matmul
+(BLAS for numpy, ``tf.matmul``, torch's), whose rounding may differ in the last bits, so a
+TensorFlow step is close to a numpy step, not equal; everything else (the accumulate, the
+dense sums, steps 4 and 6 from given sums) is the same float32 arithmetic in the same
+order, so equal bit for bit. Every rank runs the same library on the same Allreduced sums,
+so the result is bitwise identical across ranks either way.
+
 Passes over the buffer per step: the accumulate (read 2, write 1), P = M Q and
 Q = M^T P (read 1 each), the result (write 1, a new buffer) and the residual (read and
-write acc once, the products staying in cache).
+write acc once, the products staying in cache). TensorFlow's immutable tensors add copies
+(the slices and the concatenations that put a buffer together), a pass or two each.
 
 Bytes (payload, counted by CountingComm's ring model, sent = received), per step:
 ``8 * (N1 - c(N1)) + 8 * (N2 - c(N2))`` with ``N1 = sum_m r_m a_m + dense_n`` (P's and the
@@ -48,6 +61,7 @@ this rank i's ring chunk, i.e. ``2(P-1)/P * 4 * (sum_m r_m (a_m + b_m) + dense_n
 divides N1 and N2. An empty Allreduce is skipped (no bytes, no message). On top of that,
 control bytes: one Allgather of a 10-int64 agreement header, 80 (P-1) bytes each way.
 """
+import sys
 from typing import Optional
 
 import numpy as np
@@ -60,7 +74,7 @@ from horovod_sparse.memory import ErrorFeedback
 from horovod_sparse.ops import host, namespace
 from horovod_sparse.pipeline import Pipeline, saved_array
 
-from .factors import BlockView, back_project, expand_block, project, scratch_elements, transposed
+from .factors import BlockView, back_project, expand_block, library, project, scratch_elements, transposed
 from .orthogonal import orthonormalize
 from .plan import make_plan
 
@@ -108,16 +122,22 @@ class _Workspace:
     On the device (the gradient's library): ``send`` (the P's then the dense vector),
     ``q_send``, ``dense_positions`` and ``scratch`` for :func:`expand_block`. On the host
     (numpy, for mpi4py): ``p_summed``, ``q_summed``, ``basis`` (the orthonormalised summed
-    P's, float32) and ``start`` (the orthonormalised start Q's).
+    P's, float32) and ``start`` (the orthonormalised start Q's). TensorFlow: no device
+    buffers but ``dense_positions`` (its kernels return new tensors), ``send``, ``q_send``
+    and ``scratch`` are None.
     """
 
     def __init__(self, plan, like):
         p, q, dense = plan.p_size, plan.q_size, plan.dense_size
-        self.send = namespace.empty(p + dense, "float32", like)
-        self.q_send = namespace.empty(q, "float32", like)
         self.dense_positions = _moved(plan.dense_positions(), like)
         self.p_summed, self.q_summed = np.empty(p + dense, np.float32), np.empty(q, np.float32)
         self.basis, self.start = np.empty(p, np.float32), np.empty(q, np.float32)
+        if namespace.is_tensorflow(like):
+            self.send = self.q_send = None
+            self.chunk, self.scratch = 0, (None, None)
+            return
+        self.send = namespace.empty(p + dense, "float32", like)
+        self.q_send = namespace.empty(q, "float32", like)
         on_cpu = not namespace.is_torch(like) or like.device.type == "cpu"
         self.chunk = _CPU_CHUNK if on_cpu else max([b.rows * b.cols for b in plan.matrices] or [1])
         size = scratch_elements(plan.matrices, self.chunk)
@@ -224,6 +244,11 @@ class PowerSGDPipeline(Pipeline):
     def _checked(self, grad):
         """(error code, detail, grad as contiguous float32 or None): reported by the agreement."""
         try:
+            if namespace.is_tensorflow(grad):
+                tf = sys.modules["tensorflow"]
+                if grad.shape.rank != 1 or grad.shape[0] != self.n or not grad.dtype.is_floating:
+                    return BAD_GRADIENT_CODE, int(grad.shape[0]) if grad.shape.rank == 1 else -1, None
+                return 0, 0, tf.cast(grad, tf.float32)
             if namespace.is_torch(grad):
                 g = grad.detach()
                 if g.dim() != 1 or g.numel() != self.n or not g.is_floating_point():
@@ -241,8 +266,8 @@ class PowerSGDPipeline(Pipeline):
     def step(self, grad, tag=0):
         """Exchange this step's gradient; return the sum over ranks of what they kept.
 
-        grad : 1-D float buffer of length n (numpy, or a torch tensor on any device; cast
-            to float32), this rank's gradient. Never modified.
+        grad : 1-D float buffer of length n (numpy, a torch tensor on any device, or an
+            eager TensorFlow tensor; cast to float32), this rank's gradient. Never modified.
         tag : int every rank passes identically (a CRC of the layout).
 
         Returns a new float32 buffer of length n in grad's library and device, bitwise
@@ -268,7 +293,7 @@ class PowerSGDPipeline(Pipeline):
         ws = self._workspace_for(acc)
         kernel = self._kernel
         m = kernel(acc)
-        lib = namespace.backend(m)
+        lib = library(m)  # None on TensorFlow: the kernels return new tensors, ws has no buffers
         blocks = [BlockView(m, block) for block in plan.matrices]
 
         for i, (block, _, q_span) in enumerate(self._spans):                        # step 2
@@ -276,37 +301,39 @@ class PowerSGDPipeline(Pipeline):
         start = kernel(host.from_host(ws.start, acc))
 
         send = kernel(ws.send)                                                      # step 3
-        for view, (block, p_span, q_span) in zip(blocks, self._spans):
-            project(lib, view, _factor(start, q_span, block.cols), _factor(send, p_span, block.rows))
-        _gather_dense(plan, m, send[plan.p_size:])
-        p_summed = self._allreduce(host.to_host(ws.send), ws.p_summed)
+        p_local = [project(lib, view, _factor(start, q_span, block.cols), _factor(send, p_span, block.rows))
+                   for view, (block, p_span, q_span) in zip(blocks, self._spans)]
+        dense = _gather_dense(plan, m, _part(send, slice(plan.p_size, None)))
+        send = _joined(ws.send, p_local + [dense], acc)
+        p_summed = self._allreduce(host.to_host(send), ws.p_summed)
 
         for block, p_span, _ in self._spans:                                        # step 4
             basis, _ = orthonormalize(p_summed[p_span].reshape(block.rows, block.rank))
             ws.basis[p_span] = basis.ravel()
         basis = host.from_host(ws.basis, acc)
 
-        q_local = kernel(ws.q_send)                                                 # step 5
-        for view, (block, p_span, q_span) in zip(blocks, self._spans):
-            back_project(lib, view, _factor(kernel(basis), p_span, block.rows),
-                         _factor(q_local, q_span, block.cols))
-        q_summed = self._allreduce(host.to_host(ws.q_send), ws.q_summed)
+        q_send = kernel(ws.q_send)                                                  # step 5
+        q_local = [back_project(lib, view, _factor(kernel(basis), p_span, block.rows),
+                                _factor(q_send, q_span, block.cols))
+                   for view, (block, p_span, q_span) in zip(blocks, self._spans)]
+        q_local = _joined(ws.q_send, q_local, acc)
+        q_summed = self._allreduce(host.to_host(q_local), ws.q_summed)
         q_sum = host.from_host(q_summed, acc)
 
         # Step 6 in the buffer's own library: element-wise work, where torch's CPU kernels
         # beat numpy's broadcasting ones (4096 x 2048 outer product: 1 vs 4 ms).
-        out = namespace.new_empty(self.n, "float32", acc)                             # step 6
-        self._expand(out, basis, q_sum, ws)
-        _scatter_dense(plan, host.from_host(p_summed[plan.p_size:], acc), out)
-        factors = tuple(namespace.copy_of(x) for x in (basis, ws.q_send, ws.send[plan.p_size:]))
+        out = _new_result(self.n, acc)                                              # step 6
+        out = _spliced(out, self._expand(out, basis, q_sum, ws)
+                       + _scatter_dense(plan, host.from_host(p_summed[plan.p_size:], acc), out))
+        factors = tuple(namespace.copy_of(x) for x in (basis, q_local, _part(send, slice(plan.p_size, None))))
         if self.error_feedback:
-            self._expand(acc, basis, ws.q_send, ws, subtract=True)
+            acc = _spliced(acc, self._expand(acc, basis, q_local, ws, subtract=True))
             self._memory.commit_cleared(acc, ws.dense_positions)
         if self.warm_start:
             self._q = [q_summed[q_span].reshape(block.cols, block.rank).copy()
                        for block, _, q_span in self._spans]
         self.last = PowerSGDStepInfo(self.step_count, self._comm.traffic - before, len(blocks),
-                                     lambda: self._kept(ws.send, *factors))
+                                     lambda: self._kept(ws, *factors))
         self.step_count += 1
         return out
 
@@ -314,19 +341,20 @@ class PowerSGDPipeline(Pipeline):
         return _Workspace(self.plan, like)
 
     def _expand(self, target, basis, q, ws, subtract=False):
-        """For every matrix: target's block = (or -=) basis q^T (see :func:`.factors.expand_block`)."""
-        lib = namespace.backend(target)
-        for block, p_span, q_span in self._spans:
-            expand_block(lib, BlockView(target, block), transposed(_factor(basis, p_span, block.rows)),
-                         transposed(_factor(q, q_span, block.cols)), ws.scratch, ws.chunk,
-                         subtract=subtract)
+        """For every matrix: target's block = (or -=) basis q^T (see :func:`.factors.expand_block`).
+        Returns the parts for :func:`_spliced`: ``(offset, new values)`` per block (TensorFlow;
+        numpy and torch wrote them into target, their values are None)."""
+        lib = library(target)
+        return [(block.offset,
+                 expand_block(lib, BlockView(target, block), transposed(_factor(basis, p_span, block.rows)),
+                              transposed(_factor(q, q_span, block.cols)), ws.scratch, ws.chunk,
+                              subtract=subtract))
+                for block, p_span, q_span in self._spans]
 
-    def _kept(self, like, basis, q_local, dense):
+    def _kept(self, ws, basis, q_local, dense):
         """This rank's contribution, from the step's factors (see :class:`PowerSGDStepInfo`)."""
-        kept = namespace.new_empty(self.n, "float32", like)
-        self._expand(kept, basis, q_local, self._workspace_for(like))
-        _scatter_dense(self.plan, dense, kept)
-        return kept
+        kept = _new_result(self.n, basis)  # basis is in the gradient's library and device
+        return _spliced(kept, self._expand(kept, basis, q_local, ws) + _scatter_dense(self.plan, dense, kept))
 
     def _allreduce(self, send, out):
         """Sum ``send`` over ranks (float32) into ``out``; skipped when empty (every rank has
@@ -372,28 +400,92 @@ def _factor_spans(plan):
 
 
 def _factor(flat, span, rows):
-    """The (rows, r) factor at ``span`` of a flat factor buffer (a view)."""
+    """The (rows, r) factor at ``span`` of a flat factor buffer (a view); None for no buffer
+    (TensorFlow: the kernels make their own)."""
+    if flat is None:
+        return None
+    if not isinstance(flat, np.ndarray) and namespace.is_tensorflow(flat):
+        return sys.modules["tensorflow"].reshape(flat[span], [rows, -1])
     return flat[span].reshape(rows, -1)
 
 
+def _part(flat, span):
+    """``flat[span]`` (a view), None for no buffer."""
+    return None if flat is None else flat[span]
+
+
 def _gather_dense(plan, buffer, dense):
-    """Copy the dense slices of ``buffer`` back to back into ``dense``."""
+    """Copy the dense slices of ``buffer`` back to back into ``dense``; returns ``dense``
+    (TensorFlow: a new tensor of them, ``dense`` None)."""
+    if namespace.is_tensorflow(buffer):
+        tf = sys.modules["tensorflow"]
+        return tf.concat([buffer[a:b] for a, b in plan.dense_slices], 0) if plan.dense_slices else buffer[:0]
     at = 0
     for a, b in plan.dense_slices:
         dense[at:at + b - a] = buffer[a:b]
         at += b - a
+    return dense
 
 
 def _scatter_dense(plan, dense, buffer):
-    """The inverse of :func:`_gather_dense`: the dense vector into its places in ``buffer``."""
-    at = 0
+    """The inverse of :func:`_gather_dense`: the dense vector into its places in ``buffer``.
+    Returns the parts for :func:`_spliced`, ``(offset, values)`` (TensorFlow: written nowhere,
+    ``buffer`` may be None)."""
+    parts, at, write = [], 0, not namespace.is_tensorflow(dense)
     for a, b in plan.dense_slices:
-        buffer[a:b] = dense[at:at + b - a]
+        parts.append((a, dense[at:at + b - a]))
+        if write:
+            buffer[a:b] = parts[-1][1]
         at += b - a
+    return parts
+
+
+def _new_result(n, like):
+    """A new float32 buffer of ``n`` elements for step 6 to write into, in ``like``'s library and
+    device; TensorFlow: None (the result is :func:`_spliced` from the parts, which cover the
+    buffer), a zero-length tensor when there are none (n = 0)."""
+    if namespace.is_tensorflow(like) and n:
+        return None
+    return namespace.new_empty(n, "float32", like)
+
+
+def _joined(buffer, parts, like):
+    """The factors of one Allreduce, back to back: ``buffer`` (numpy, torch), which the kernels
+    wrote ``parts`` into; TensorFlow (``buffer`` None): ``parts`` flattened into one new tensor
+    on ``like``'s device (empty without parts)."""
+    if buffer is not None:
+        return buffer
+    if not parts:
+        return namespace.zeros(0, "float32", like)
+    tf = sys.modules["tensorflow"]
+    return tf.concat([tf.reshape(part, [-1]) for part in parts], 0)
+
+
+def _spliced(target, parts):
+    """``target`` with ``parts`` (``(offset, 1-D values)``) in their places. numpy and torch:
+    ``target`` itself, the kernels wrote the parts into it. TensorFlow: one new tensor, the
+    parts in offset order with ``target``'s elements between them (``target`` None: the parts
+    cover the buffer)."""
+    if not parts or not namespace.is_tensorflow(parts[0][1]):
+        return target
+    tf = sys.modules["tensorflow"]
+    pieces, at = [], 0
+    for offset, values in sorted(parts, key=lambda part: part[0]):
+        if offset > at:
+            pieces.append(target[at:offset])
+        pieces.append(values)
+        at = offset + int(values.shape[0])
+    if target is not None and at < int(target.shape[0]):
+        pieces.append(target[at:])
+    return tf.concat(pieces, 0)
 
 
 def _moved(array, like):
     """A numpy array (setup data, not per-step traffic) in ``like``'s library and device."""
+    if namespace.is_tensorflow(like):
+        tf = sys.modules["tensorflow"]
+        with tf.device(like.device):
+            return tf.constant(array)
     if not namespace.is_torch(like):
         return array
     import torch
