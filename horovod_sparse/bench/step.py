@@ -270,6 +270,33 @@ def auto_summary(compression):
             "profile_s": report.get("profile_s"), "settled_at_step": report.get("settled_at_step")}
 
 
+def schedule_settled(compression):
+    """A compressor's ``schedule=`` has made its plan (``"auto"``: and kept one of its
+    candidates); True for one without a planned schedule."""
+    if getattr(compression, "schedule", "after_backward") == "after_backward":
+        return True
+    if getattr(compression, "planned", "") is None:  # TensorFlow's wfbp: per Horovod call, no plan
+        return True
+    report = getattr(compression, "schedule_report", None)
+    return report is not None and report.get("chosen") is not None
+
+
+def schedule_summary(compression):
+    """What a planned schedule ran (None without one): the plan kept, its buckets and channels,
+    and its last step's timeline in ms after the first gradient arrived (the arrivals' span,
+    the collecting call, and when the last bucket's exchange ended)."""
+    report = getattr(compression, "schedule_report", None)
+    if report is None:
+        return None
+    timeline = compression.last_step_timeline() or {}
+    buckets = timeline.get("buckets") or []
+    return {"schedule": report.get("schedule"), "chosen": report.get("chosen"),
+            "buckets": len(report.get("buckets") or []), "channels": len(set(report.get("channels") or [0])),
+            "arrivals_ms": 1e3 * max(timeline.get("arrived") or [0.0]),
+            "finish_ms": None if timeline.get("finish") is None else 1e3 * timeline["finish"],
+            "exchanges_end_ms": 1e3 * max((b.get("end", 0.0) for b in buckets), default=0.0)}
+
+
 def hash_values(arrays):
     """A hash of the values of ``arrays`` (numpy, in order): equal on two ranks only if every
     value is bitwise equal (``replicas_identical``)."""
@@ -407,8 +434,9 @@ class StepBench:
             synchronized()
         # Compression.auto decides in its first steps (profiling, trials): those are warm-up
         # too, so that the timed steps are its settled plan's (the same phase on every rank)
+        # and so are a planned schedule's profiled and tried steps
         for _ in range(self.args.warmup, MAX_SETTLING_STEPS):
-            if getattr(compression, "phase", "settled") == "settled":
+            if getattr(compression, "phase", "settled") == "settled" and schedule_settled(compression):
                 break
             synchronized()
         return [synchronized() for _ in range(self.args.steps)]
@@ -417,13 +445,14 @@ class StepBench:
     def run_one(self, model_name, spec):
         """Returns (times [one tuple of seconds per step], digest, bytes_sent, error message or None)."""
         times, digest, sent, error, compression = [], None, None, None, None
-        self.auto_choice = None
+        self.auto_choice = self.schedule_ran = None
         try:
             compression = self.make_compression(spec)
             step, values = self.make_step(model_name, compression)
             times = self.run_steps(step, compression)
             digest = hash_values(values())
             self.auto_choice = auto_summary(compression)
+            self.schedule_ran = schedule_summary(compression)
             sent = bytes_sent(compression, self.size)
         except Exception as e:   # recorded; the caller decides whether the job can go on
             error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -535,6 +564,8 @@ class StepBench:
                 rec["bytes_sent_per_step"] = sent
                 if self.auto_choice is not None:   # what Compression.auto chose, round by round
                     rec.setdefault("auto", []).append(self.auto_choice)
+                if self.schedule_ran is not None:  # what a planned schedule ran, round by round
+                    rec.setdefault("schedule", []).append(self.schedule_ran)
                 if any(errors):
                     rec["error"] = next(e for e in errors if e)
                     if len(set(errors)) > 1:   # not every rank failed alike: Horovod may be stuck

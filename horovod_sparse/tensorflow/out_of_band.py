@@ -27,8 +27,9 @@ gradients travel is the ``schedule``'s business:
 Each exchange is one host call in trace order on every rank
 (:mod:`~horovod_sparse.tensorflow.bucket_exchange`): the gradients go in unfused, a sparsifier's
 pairs (or another pipeline's dense sum) come out, and TensorFlow ops scatter them into the
-gradients. On a GPU, or with ``on_device = True``, a sparsifier's step runs as TensorFlow ops
-on the gradients' device and only its pairs cross to numpy.
+gradients. On a GPU, or with ``on_device = True``, the pipeline's step runs as TensorFlow ops
+on the gradients' device (every family: the compressor's ``tensorflow_ops``) and only its
+payload crosses to numpy.
 """
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor as HorovodCompressor
@@ -71,9 +72,10 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
     ``compress(tensor, name=...)`` when called eagerly; such calls, outside Horovod's gradient
     list, are exchanged one at a time). Create it outside the traced step (inside, it raises
     RuntimeError); at its first ``compress`` every rank checks that all passed the same
-    compressor and parameters (ValueError on every rank). ``on_device = True`` runs a
-    sparsifier's step as TensorFlow ops on the CPU too, as it runs on a GPU (the CPU default is
-    numpy's kernels on zero-copy views of the gradients: the same bits, faster there).
+    compressor and parameters (ValueError on every rank). ``on_device = True`` runs the
+    pipeline's step as TensorFlow ops on the CPU too, as it runs on a GPU (the CPU default is
+    numpy's kernels on zero-copy views of the gradients: the same bits, faster there; FFT and
+    PowerSGD's products agree to float32 rounding, see their modules).
 
     Example::
 
@@ -102,8 +104,8 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._in_order = InOrderHostExchanges()
         self._recorded = []  # (key, gradient) compressed but not yet exchanged
         self._results = {}   # key -> BucketPart, exchanged but not yet decompressed
-        #: run the sparsifiers as TensorFlow ops even on the CPU, as they run on a GPU (the CPU
-        #: default is numpy's kernels on zero-copy views of the gradients: the same bits, faster)
+        #: run the pipeline as TensorFlow ops even on the CPU, as it runs on a GPU (the CPU
+        #: default is numpy's kernels on zero-copy views of the gradients: faster there)
         self.on_device = False
 
     def compress(self, tensor, name=None):

@@ -300,3 +300,17 @@ def test_keras_api_option_and_its_own_tables():
     assert [r["total_ms"] for r in groups[next(iter(groups))]] == [500.0, 250.0]
     text = plot_step.markdown_tf(tape + keras)
     assert text.count("Keras `model.train_on_batch`") == 1 and "| 400 | 1.50x |" in text
+
+
+def test_a_planned_schedule_is_warm_up_until_it_has_kept_a_plan():
+    """The timed steps of a planned schedule are its plan's: until its report says which plan it
+    kept, bench_step keeps warming up (real compressors of both frontends, before any step)."""
+    import horovod_sparse.tensorflow as hvds_tf
+    import horovod_sparse.torch as hvds_torch
+    for hvds in (hvds_torch, hvds_tf):
+        assert step.schedule_settled(hvds.Compression.topk(density=0.01))          # after_backward
+        planned = hvds.Compression.topk(density=0.01, schedule="mgwfbp")
+        assert not step.schedule_settled(planned) and step.schedule_summary(planned) is None
+    assert step.schedule_settled(hvds_tf.Compression.topk(density=0.01, schedule="wfbp"))  # Horovod's calls
+    assert not step.schedule_settled(hvds_torch.Compression.topk(density=0.01, schedule="wfbp"))  # planned
+    assert step.schedule_settled(hvds_torch.Compression.fp16)   # no schedule at all
