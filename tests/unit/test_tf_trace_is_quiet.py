@@ -4,14 +4,16 @@ through AutoGraph, which cannot convert a C method and warns "AutoGraph could no
 <bound method Comm.Get_size ...> ... Please report this to the TensorFlow team".
 
 Fresh processes under ``mpirun -np 2`` (Horovod skips the allreduce on one rank, and AutoGraph
-warns once per function and process): one compressor of each kind, in-band and out-of-band."""
+warns once per function and process): one compressor of each kind, in-band and out-of-band,
+and the out-of-band schedules' other traces (per Horovod call; arrival and collecting calls)."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-SPECS = ["fp16", "randomk:density=0.1", "topk:density=0.05", "qsgd", "powersgd", "fft"]
+SPECS = ["fp16", "randomk:density=0.1", "topk:density=0.05", "qsgd", "powersgd", "fft",
+         "topk:density=0.05,schedule=wfbp", "topk:density=0.05,schedule=mgwfbp"]
 
 PROGRAM = r'''
 import os, sys
