@@ -12,15 +12,15 @@ exchange. ``compression.on_device = True`` runs the same on the CPU, so here:
 """
 import math
 
-import horovod.tensorflow as hvd
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import horovod_sparse
-import horovod_sparse.tensorflow as hvds
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.ops.host import HOST_TRAFFIC
+
+from device_steps import random_targets, run_gradients  # tests/parallel/tensorflow
 
 SHAPES = [(64, 40), (300,), (50, 30)]
 STEPS = 6
@@ -28,31 +28,12 @@ SPECS = ["topk:density=0.05", "oktopk:density=0.05", "gtopk:density=0.05", "gaus
          "dgc:density=0.05", "threshold:value=1.5", "topk:density=0.05,exchange=dsa"]
 
 
-def tape_step(compression, variables):
-    @tf.function
-    def step(targets):
-        with tf.GradientTape() as tape:
-            loss = tf.add_n([tf.reduce_sum(v * t) for v, t in zip(variables, targets)])
-        return hvd.DistributedGradientTape(tape, compression=compression).gradient(loss, variables)
-    return step
-
-
 def run(spec, on_device, targets, per_step=None):
-    compression = hvds.Compression.from_spec(spec, dense_below=64)
-    compression.on_device = on_device
-    step = tape_step(compression, [tf.Variable(tf.zeros(s)) for s in SHAPES])
-    results = []
-    for i, ts in enumerate(targets):
-        HOST_TRAFFIC.reset()
-        results.append([g.numpy() for g in step([tf.constant(t) for t in ts])])
-        if per_step is not None:
-            per_step(i, compression)
-    return compression, results
+    return run_gradients(spec, on_device, targets, SHAPES, 64, per_step)
 
 
 def step_targets(seed):
-    rng = np.random.default_rng(seed + 1000 * hvd.rank())
-    return [[rng.standard_normal(s).astype(np.float32) for s in SHAPES] for _ in range(STEPS)]
+    return random_targets(seed, SHAPES, STEPS)
 
 
 @pytest.mark.parametrize("spec", SPECS)

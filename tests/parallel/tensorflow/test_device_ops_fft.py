@@ -35,9 +35,10 @@ import pytest
 import tensorflow as tf
 
 import horovod_sparse
-import horovod_sparse.tensorflow as hvds
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.ops.host import HOST_TRAFFIC
+
+from device_steps import run_gradients  # tests/parallel/tensorflow
 
 SHAPES = [(64, 40), (300,), (50, 30)]  # 4360 elements fused, a 1-D gradient among them
 STEPS = 6
@@ -52,28 +53,11 @@ SPECS = ["fft:chunk_size=256", "fft:chunk_size=255,bits=12", "fft:chunk_size=256
          "fft:chunk_size=200,error_feedback=False"]
 
 
-def tape_step(compression, variables):
-    @tf.function
-    def step(targets):
-        with tf.GradientTape() as tape:
-            loss = tf.add_n([tf.reduce_sum(v * t) for v, t in zip(variables, targets)])
-        return hvd.DistributedGradientTape(tape, compression=compression).gradient(loss, variables)
-    return step
-
-
 def run(spec, on_device, targets, per_step=None):
     """The gradients ``targets`` (per step, per shape) through DistributedGradientTape; returns
     the compression and each step's results. ``per_step(i, pipeline)`` after each step."""
-    compression = hvds.Compression.from_spec(spec, dense_below=64)
-    compression.on_device = on_device
-    step = tape_step(compression, [tf.Variable(tf.zeros(s)) for s in SHAPES])
-    results = []
-    for i, ts in enumerate(targets):
-        HOST_TRAFFIC.reset()
-        results.append([g.numpy() for g in step([tf.constant(t) for t in ts])])
-        if per_step is not None:
-            per_step(i, compression.step_pipelines.pipeline)
-    return compression, results
+    return run_gradients(spec, on_device, targets, SHAPES, per_step=None if per_step is None else (
+        lambda i, compression: per_step(i, compression.step_pipelines.pipeline)))
 
 
 def chunks(n, chunk_size):

@@ -21,17 +21,17 @@ in float64 numpy). So here:
 """
 import math
 
-import horovod.tensorflow as hvd
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import horovod_sparse
-import horovod_sparse.tensorflow as hvds
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.lowrank import PowerSGDPipeline
 from horovod_sparse.lowrank.orthogonal import orthonormalize
 from horovod_sparse.ops.host import HOST_TRAFFIC
+
+from device_steps import random_targets, run_gradients  # tests/parallel/tensorflow
 
 #: (64, 40), (50, 30) and (8, 4, 5) -> (8, 20) are compressed; (300,) is 1-D and (40, 3) is
 #: too small to gain at rank 2 (120 < 2 * 2 * 43): both go to the dense vector
@@ -45,31 +45,12 @@ SPECS = ["powersgd:rank=2", "powersgd:rank=2,warm_start=false", "powersgd:rank=1
 TOLERANCE = 1e-4
 
 
-def tape_step(compression, variables):
-    @tf.function
-    def step(targets):
-        with tf.GradientTape() as tape:
-            loss = tf.add_n([tf.reduce_sum(v * t) for v, t in zip(variables, targets)])
-        return hvd.DistributedGradientTape(tape, compression=compression).gradient(loss, variables)
-    return step
-
-
 def run(spec, on_device, targets, per_step=None):
-    compression = hvds.Compression.from_spec(spec, dense_below=DENSE_BELOW)
-    compression.on_device = on_device
-    step = tape_step(compression, [tf.Variable(tf.zeros(s)) for s in SHAPES])
-    results = []
-    for i, ts in enumerate(targets):
-        HOST_TRAFFIC.reset()
-        results.append([g.numpy() for g in step([tf.constant(t) for t in ts])])
-        if per_step is not None:
-            per_step(i, compression)
-    return compression, results
+    return run_gradients(spec, on_device, targets, SHAPES, DENSE_BELOW, per_step)
 
 
 def step_targets(seed):
-    rng = np.random.default_rng(seed + 1000 * hvd.rank())
-    return [[rng.standard_normal(s).astype(np.float32) for s in SHAPES] for _ in range(STEPS)]
+    return random_targets(seed, SHAPES, STEPS)
 
 
 def matrix_of(shape):
