@@ -17,6 +17,8 @@ Example::
 """
 import numpy as np
 
+from horovod_sparse.agreement import raise_on_every_rank
+
 #: whole-buffer state that carries over to a new layout
 CARRIED = ("step",)
 #: prefixes of an exchange's own state: its arrays are per chunk or region, not per element
@@ -78,6 +80,21 @@ class LayoutPipeline:
             pipeline.close()
             raise
         self.layout, self.pipeline = layout, pipeline
+        return pipeline
+
+    def for_layout_on_every_rank(self, layout, comm, name):
+        """:meth:`for_layout`, collective on ``comm`` when it makes a new pipeline: a rank that
+        cannot take the gradients' state makes every rank raise the same ValueError (prefixed
+        ``name``), so none is left waiting in the exchange. The ranks must have agreed on
+        ``layout`` first (:func:`~horovod_sparse.agreement.agree_on_layout`)."""
+        if self.is_current(layout):
+            return self.pipeline
+        pipeline, problem = None, None
+        try:
+            pipeline = self.for_layout(layout)
+        except ValueError as e:
+            problem = f"{name}: {e}"
+        raise_on_every_rank(comm, problem)
         return pipeline
 
     def _install(self, layout, pipeline, base, saved, describe=None):

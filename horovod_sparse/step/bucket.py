@@ -24,7 +24,7 @@ What the framework's arrays need is a frontend's *step arrays* object (PyTorch:
     step_sum = bucket.exchange({"fc.weight": grad}, frozen={}, comm=comm, name="topk")
     step_sum.write("fc.weight", scale=0.5)        # PyTorch: the average, written into grad
 """
-from horovod_sparse.agreement import agree_on_layout, raise_on_every_rank
+from horovod_sparse.agreement import agree_on_layout
 from horovod_sparse.layout import GradientLayout, key_order  # noqa: F401 (key_order: for the schedules)
 from horovod_sparse.layout_pipeline import LayoutPipeline
 
@@ -71,15 +71,7 @@ class Bucket:
         if not layout.entries:  # every gradient of the bucket is frozen: nothing to exchange
             return arrays.step_sum(layout, {}, None, frozen_here, like=None)
         self.comm = comm
-        if self.pipelines.is_current(layout):
-            pipeline = self.pipelines.pipeline
-        else:  # a new pipeline takes the gradients' state: a rank that cannot fails on every rank
-            pipeline, problem = None, None
-            try:
-                pipeline = self.pipelines.for_layout(layout)
-            except ValueError as e:
-                problem = f"{name}: {e}"
-            raise_on_every_rank(comm, problem)
+        pipeline = self.pipelines.for_layout_on_every_rank(layout, comm, name)
         flat = None
         if hasattr(pipeline, "step_sparse"):
             # A sparsifier's memory reads the gradients where they are (no fused copy).

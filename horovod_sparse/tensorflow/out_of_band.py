@@ -35,7 +35,7 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compressor as HorovodCompressor
 from horovod.tensorflow.mpi_ops import Adasum
 
-from horovod_sparse.agreement import agree_on_layout, check_same_on_every_rank, communicator_of, raise_on_every_rank
+from horovod_sparse.agreement import agree_on_layout, check_same_on_every_rank, communicator_of
 from horovod_sparse.checks import check_choice, check_positive_int
 from horovod_sparse.horovod_frames import check_caller
 from horovod_sparse.layout import GradientLayout
@@ -173,15 +173,7 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         instead of waiting in different collectives; a new pipeline is collective, and a rank
         that cannot take the gradients' saved state fails on every rank."""
         agree_on_layout(layout, self.comm, self.algorithm.name)
-        if self.step_pipelines.is_current(layout):
-            return self.step_pipelines.pipeline
-        pipeline, problem = None, None
-        try:
-            pipeline = self.step_pipelines.for_layout(layout)
-        except ValueError as e:
-            problem = f"{self.algorithm.name}: {e}"
-        raise_on_every_rank(self.comm, problem)
-        return pipeline
+        return self.step_pipelines.for_layout_on_every_rank(layout, self.comm, self.algorithm.name)
 
     def _exchange_recorded(self):
         """One exchange of the bucket recorded so far (:mod:`~horovod_sparse.tensorflow.bucket_exchange`):

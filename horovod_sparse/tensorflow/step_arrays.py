@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod_sparse.ops.namespace import concat_float32, copy_of, is_tensorflow
-from horovod_sparse.tensorflow.bucket_exchange import sparse_parts
+from horovod_sparse.tensorflow.bucket_exchange import dense_parts, sparse_parts
 
 
 class HostStepArrays:
@@ -74,7 +74,7 @@ class StepParts:
         elif self.sparse:
             self.parts = dict(zip((e.key for e in layout.entries), sparse_parts(layout, *summed)))
         else:
-            self.parts = {e.key: copy_of(summed[e.offset:e.offset + e.size]) for e in layout.entries}
+            self.parts = dict(zip((e.key for e in layout.entries), dense_parts(layout, copy_of(summed))))
 
     def part(self, key):
         return self.parts[key]

@@ -1,11 +1,15 @@
 """What the tests of the pipelines as TensorFlow ops share (``test_device_ops*.py``): given
 gradients, step by step, through ``hvd.DistributedGradientTape`` in a ``tf.function``, on numpy
 or as TensorFlow ops (``compression.on_device``), with the host traffic of each step counted."""
+import math
+
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+import horovod_sparse
 import horovod_sparse.tensorflow as hvds
+from horovod_sparse.layout import GradientLayout
 from horovod_sparse.ops.host import HOST_TRAFFIC
 
 
@@ -39,3 +43,15 @@ def random_targets(seed, shapes, steps):
     """Standard normal gradients of ``shapes`` for ``steps`` steps, different on every rank."""
     rng = np.random.default_rng(seed + 1000 * hvd.rank())
     return [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(steps)]
+
+
+def oracle_averages(spec, comm, targets, shapes, dense_below=64):
+    """Per step, ``{index: averaged gradient}`` of the gradients of ``shapes`` with at least
+    ``dense_below`` elements: an independent numpy pipeline of ``spec`` over them fused, in
+    their order (what the compressor's one exchange of the step must give)."""
+    large = [i for i, s in enumerate(shapes) if math.prod(s) >= dense_below]
+    layout = GradientLayout([(i, shapes[i], "float32") for i in large])
+    with horovod_sparse.create(spec).make_pipeline(layout.n, comm, layout=layout) as oracle:
+        return [dict(zip(large, layout.split(oracle.step(layout.fuse([ts[j] for j in large]), tag=layout.tag)
+                                             / np.float32(comm.size))))
+                for ts in targets]

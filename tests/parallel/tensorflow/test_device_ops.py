@@ -16,11 +16,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import horovod_sparse
-from horovod_sparse.layout import GradientLayout
 from horovod_sparse.ops.host import HOST_TRAFFIC
 
-from device_steps import random_targets, run_gradients  # tests/parallel/tensorflow
+from device_steps import oracle_averages, random_targets, run_gradients  # tests/parallel/tensorflow
 
 SHAPES = [(64, 40), (300,), (50, 30)]
 STEPS = 6
@@ -43,16 +41,12 @@ def test_tensorflow_ops_give_the_numpy_paths_bits_and_the_oracles(spec, comm, as
     compression, on_device = run(spec, True, targets)
     assert isinstance(compression.step_pipelines.pipeline.memory.residual, tf.Tensor), \
         "the residual lives in TensorFlow: the step ran as TensorFlow ops"
-    large = [i for i, s in enumerate(SHAPES) if math.prod(s) >= 64]
-    layout = GradientLayout([(i, SHAPES[i], "float32") for i in large])
-    with horovod_sparse.create(spec).make_pipeline(layout.n, comm, layout=layout) as oracle:
-        for i, (ts, numpy_result, device_result) in enumerate(zip(targets, on_numpy, on_device)):
-            want = layout.split(oracle.step(layout.fuse([ts[j] for j in large]), tag=layout.tag)
-                                / np.float32(comm.size))
-            for j, w in zip(large, want):
-                np.testing.assert_array_equal(device_result[j], numpy_result[j], err_msg=f"{spec} step {i}")
-                np.testing.assert_allclose(device_result[j], w, rtol=1e-6, atol=1e-7, err_msg=f"{spec} step {i}")
-                assert_identical_across_ranks(device_result[j])
+    wanted = oracle_averages(spec, comm, targets, SHAPES)
+    for i, (want, numpy_result, device_result) in enumerate(zip(wanted, on_numpy, on_device)):
+        for j, w in want.items():
+            np.testing.assert_array_equal(device_result[j], numpy_result[j], err_msg=f"{spec} step {i}")
+            np.testing.assert_allclose(device_result[j], w, rtol=1e-6, atol=1e-7, err_msg=f"{spec} step {i}")
+            assert_identical_across_ranks(device_result[j])
 
 
 @pytest.mark.parametrize("spec", ["topk:density=0.05", "oktopk:density=0.05", "dgc:density=0.05"])

@@ -19,11 +19,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import horovod_sparse
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.ops.host import HOST_TRAFFIC
 
-from device_steps import random_targets, run_gradients  # tests/parallel/tensorflow
+from device_steps import oracle_averages, random_targets, run_gradients  # tests/parallel/tensorflow
 
 SHAPES = [(64, 40), (300,), (50, 30), (7,)]
 STEPS = 5
@@ -73,18 +72,15 @@ def test_tensorflow_ops_give_the_numpy_paths_bits_and_the_oracles(spec, comm, as
     if memory is not None and getattr(memory, "enabled", True):
         state = memory.momentum_buffer if pipeline.momentum is not None else memory.residual
         assert isinstance(state, tf.Tensor), "the memory lives in TensorFlow: the step ran as TensorFlow ops"
-    large, layout = large_layout()
-    with horovod_sparse.create(spec).make_pipeline(layout.n, comm, layout=layout) as oracle:
-        for i, (ts, numpy_result, device_result) in enumerate(zip(targets, on_numpy, on_device)):
-            want = layout.split(oracle.step(layout.fuse([ts[j] for j in large]), tag=layout.tag)
-                                / np.float32(comm.size))
-            for j, w in zip(large, want):
-                np.testing.assert_array_equal(device_result[j].view(np.int32), numpy_result[j].view(np.int32),
-                                              err_msg=f"{spec} step {i}")
-                np.testing.assert_allclose(device_result[j], w, rtol=1e-6, atol=1e-7, err_msg=f"{spec} step {i}")
-                assert_identical_across_ranks(device_result[j])
-            for j in set(range(len(SHAPES))) - set(large):  # Horovod's own allreduce
-                np.testing.assert_array_equal(device_result[j], numpy_result[j])
+    wanted = oracle_averages(spec, comm, targets, SHAPES)
+    for i, (want, numpy_result, device_result) in enumerate(zip(wanted, on_numpy, on_device)):
+        for j, w in want.items():
+            np.testing.assert_array_equal(device_result[j].view(np.int32), numpy_result[j].view(np.int32),
+                                          err_msg=f"{spec} step {i}")
+            np.testing.assert_allclose(device_result[j], w, rtol=1e-6, atol=1e-7, err_msg=f"{spec} step {i}")
+            assert_identical_across_ranks(device_result[j])
+        for j in set(range(len(SHAPES))) - set(want):  # Horovod's own allreduce
+            np.testing.assert_array_equal(device_result[j], numpy_result[j])
 
 
 @pytest.mark.parametrize("spec", ["signsgd", "signum", "efsignsgd", "onebit", "terngrad", "qsgd",
