@@ -12,6 +12,8 @@ from horovod_sparse import registry
 
 #: parameters of the frontends' out-of-band compressor classes, not of the algorithm
 OUT_OF_BAND_PARAMETERS = ("dense_below", "schedule", "profile_steps", "trial_steps")
+#: parameters of every frontend compressor class (:mod:`horovod_sparse.nonfinite`)
+FRONTEND_PARAMETERS = ("nonfinite",)
 
 
 def make_compression_namespace(in_band_cls, out_of_band_cls, doc, auto_cls=None):
@@ -19,7 +21,7 @@ def make_compression_namespace(in_band_cls, out_of_band_cls, doc, auto_cls=None)
 
     ``Compression.randomk(density=0.01)`` returns ``in_band_cls(RandomKCompressor(density=0.01))``;
     out-of-band ones (``algorithm.out_of_band``) get ``out_of_band_cls(algorithm, dense_below=..., schedule=...)``
-    instead (:data:`OUT_OF_BAND_PARAMETERS`).
+    instead (:data:`OUT_OF_BAND_PARAMETERS`); every one takes ``nonfinite=`` (:data:`FRONTEND_PARAMETERS`).
     Each call makes a new instance (use one per optimizer).
     With ``auto_cls``, ``Compression.auto(...)`` (and spec ``"auto"``) makes one of those.
     ``Compression.from_spec("topk:density=0.01")`` and ``Compression.available()`` do the same by name.
@@ -27,16 +29,17 @@ def make_compression_namespace(in_band_cls, out_of_band_cls, doc, auto_cls=None)
     def build(name, **params):
         # the frontend's own parameters, for the out-of-band compressors only
         own = {key: params.pop(key) for key in OUT_OF_BAND_PARAMETERS if key in params}
+        frontend = {key: params.pop(key) for key in FRONTEND_PARAMETERS if key in params}
         algorithm = registry.create(name, **params)
         if getattr(algorithm, "out_of_band", False):
             unsupported = sorted(set(own) - set(inspect.signature(out_of_band_cls.__init__).parameters))
             if unsupported:
                 raise ValueError(f"{name}: parameter {unsupported[0]!r} is not supported by {out_of_band_cls.__name__}")
-            return out_of_band_cls(algorithm, **own)
+            return out_of_band_cls(algorithm, **own, **frontend)
         if own:
             raise ValueError(f"{name} has no parameter {sorted(own)[0]!r} (only the out-of-band compressors "
                              "do: sparsifiers, quantizers, powersgd, fft, dense)")
-        return in_band_cls(algorithm)
+        return in_band_cls(algorithm, **frontend)
 
     def from_spec(spec, **params):
         name, spec_params = registry.parse_spec(spec)

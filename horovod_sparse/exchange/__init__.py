@@ -11,8 +11,8 @@ tree (gTop-k), the algorithms (dense, allgather, oktopk, gtopk, dsa), comm
 """
 from .comm import Traffic
 from .engine import ALGORITHMS, ExchangeResult, SparseAllreduce
-from .errors import ExchangeError
+from .errors import ExchangeError, NonFiniteGradientError
 from .sparse_ops import intersect_sorted, mask_in_sorted
 
-__all__ = ["SparseAllreduce", "ExchangeResult", "Traffic", "ALGORITHMS", "ExchangeError",
+__all__ = ["SparseAllreduce", "ExchangeResult", "Traffic", "ALGORITHMS", "ExchangeError", "NonFiniteGradientError",
            "intersect_sorted", "mask_in_sorted"]

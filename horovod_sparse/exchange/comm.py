@@ -22,6 +22,9 @@ from mpi4py import MPI
 
 from horovod_sparse.pipeline import ClosesOnExit
 
+from .errors import NonFiniteGradientError
+from .validation import agree_call
+
 
 @dataclass(frozen=True)
 class Traffic:
@@ -239,6 +242,7 @@ class CountedExchange(ClosesOnExit):
     Example::
 
         call = self._next_call()  # first thing in a call; RuntimeError once closed
+        agreed = self._agree(call, n=self.n, tag=tag, params=self._params_code, finite=finite)
     """
 
     _calls = 0
@@ -259,6 +263,16 @@ class CountedExchange(ClosesOnExit):
             raise RuntimeError(f"{type(self).__name__} is closed")
         self._calls += 1
         return self._calls - 1
+
+    def _agree(self, call, **header):
+        """:func:`~.validation.agree_call` on this exchange's communicator for call number
+        ``call``. A call skipped for a non-finite gradient is not counted (every rank skips it):
+        the next call runs as if it had not been made (its number seeds stochastic codes)."""
+        try:
+            return agree_call(self._comm, call=call, **header)
+        except NonFiniteGradientError:
+            self._calls = call
+            raise
 
     def close(self):
         """Free the duplicated communicator (idempotent)."""

@@ -65,7 +65,7 @@ from horovod_sparse.pipeline import check_identity, saved_array
 
 from .comm import CountedExchange, CountingComm, Traffic
 from .seeds import derive_seed
-from .validation import agree_call, identity_code, is_int
+from .validation import identity_code, is_int
 
 METHODS = ("alltoall", "allgather")
 AGGREGATES = ("sum", "majority")
@@ -157,7 +157,7 @@ class CompressedAllreduce(CountedExchange):
                 + (P - 1) * nbytes(self.chunk_sizes[self.rank]))
 
     # ------------------------------------------------------------------ main
-    def allreduce(self, values, seed, tag=0, want_own=True):
+    def allreduce(self, values, seed, tag=0, want_own=True, finite=True):
         """Sum ``values`` over the ranks; returns a :class:`CompressedResult`.
 
         values : 1-D float16/32/64 array of length n, numpy or a torch tensor on any
@@ -168,6 +168,8 @@ class CompressedAllreduce(CountedExchange):
         tag : int in [-2**63, 2**63), the caller's check value (e.g. a CRC of the
             gradient layout); every rank must pass the same.
         want_own : False skips ``own`` (result.own is None): one pass less.
+        finite : False when the caller's values hold an inf or a NaN: every rank then raises
+            NonFiniteGradientError, no data moves and nothing here advances.
         Raises ExchangeError on every rank if any rank's input is bad or the ranks
         disagree on n, method, codec, call count or tag; the server residual is then
         unchanged.
@@ -178,10 +180,10 @@ class CompressedAllreduce(CountedExchange):
         if not is_int(seed):
             error_code, detail, seed = error_code or _BAD_LENGTH_OR_SEED, -1, 0
         seed = int(seed) % 2 ** 64
-        agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
-                   error_code=error_code, error_detail=detail, algorithm=METHODS.index(self.method),
-                   count=-1 if x is None else x.shape[0], algorithm_names=METHODS,
-                   exchange="compressed allreduce", error_texts=_ERROR_TEXTS)
+        self._agree(call, n=self.n, tag=tag, params=self._params_code,
+                    error_code=error_code, error_detail=detail, algorithm=METHODS.index(self.method),
+                    count=-1 if x is None else x.shape[0], algorithm_names=METHODS,
+                    exchange="compressed allreduce", error_texts=_ERROR_TEXTS, finite=finite)
         if self.method == "allgather":
             out, own = self._allgather(x, seed)
         else:

@@ -7,7 +7,7 @@ from horovod_sparse.pipeline import check_identity, with_prefix, without_prefix
 from . import allgather, dense, dsa, gtopk, oktopk
 from .comm import CountedExchange, CountingComm
 from .sparse_ops import wire_index_dtype
-from .validation import VALUE_DTYPE_CODES, LocalInput, agree_call, identity_code, is_int
+from .validation import VALUE_DTYPE_CODES, LocalInput, identity_code, is_int
 
 ALGORITHMS = ("dense", "allgather", "oktopk", "gtopk", "dsa")
 _IMPLEMENTATIONS = {
@@ -111,7 +111,7 @@ class SparseAllreduce(CountedExchange):
             self._impl.codec = value_codec
 
     # ------------------------------------------------------------------ main
-    def allreduce(self, indices, values, tag=0):
+    def allreduce(self, indices, values, tag=0, finite=True):
         """Sum the sparse vectors (indices, values) of all ranks; see the class docstring.
 
         indices : 1-D integer array (numpy or CPU torch tensor), unique, in [0, n).
@@ -126,11 +126,11 @@ class SparseAllreduce(CountedExchange):
         call = self._next_call()
         before = self._comm.traffic
         local = LocalInput(indices, values, self.n)
-        agreed = agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
-                            error_code=local.error_code, error_detail=local.error_detail,
-                            algorithm=ALGORITHMS.index(self.algorithm), k=-1 if self.k is None else self.k,
-                            value_dtype=VALUE_DTYPE_CODES.get(local.value_dtype, 0),
-                            count=local.indices.size, algorithm_names=ALGORITHMS)
+        agreed = self._agree(call, n=self.n, tag=tag, params=self._params_code,
+                             error_code=local.error_code, error_detail=local.error_detail,
+                             algorithm=ALGORITHMS.index(self.algorithm), k=-1 if self.k is None else self.k,
+                             value_dtype=VALUE_DTYPE_CODES.get(local.value_dtype, 0),
+                             count=local.indices.size, algorithm_names=ALGORITHMS, finite=finite)
 
         if self.algorithm == "allgather":
             self._impl.counts = agreed["count"]

@@ -8,3 +8,19 @@ class ExchangeError(ValueError):
     raises the same error with the same message instead of one rank failing
     alone and the others hanging in the next collective.
     """
+
+
+class NonFiniteGradientError(ExchangeError):
+    """Raised on EVERY rank when some rank's gradient (with its residual) held an inf or a
+    NaN this step: a loss scaler's overflow. Nothing was exchanged and no state changed
+    (residuals, momenta, thresholds, counters): the next step runs as if this one had not
+    been. The frontends turn it into a NaN result by default, so that the scaler sees the
+    overflow and skips the step (:mod:`horovod_sparse.nonfinite`).
+
+    ranks : the ranks whose gradient was not finite (empty where the check was made on a
+        dense sum, which cannot tell whose it was).
+    """
+
+    def __init__(self, message, ranks=()):
+        super().__init__(message)
+        self.ranks = tuple(int(r) for r in ranks)

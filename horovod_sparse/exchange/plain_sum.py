@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from horovod_sparse.exchange.comm import CountingComm, Traffic
+from horovod_sparse.exchange.errors import NonFiniteGradientError
 from horovod_sparse.ops import host, namespace
+from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.pipeline import Pipeline
 
 
@@ -40,7 +42,8 @@ class PlainSumPipeline(Pipeline):
     def step(self, grad, tag=0):
         """The sum over ranks of ``grad`` (1-D, length n, cast to float32) in grad's library
         and device: a buffer of this pipeline, valid until its next step (an eager TensorFlow
-        tensor: a new one). ``tag`` is unused (the caller agreed on the layout)."""
+        tensor: a new one). ``tag`` is unused (the caller agreed on the layout). A sum that is not
+        finite raises NonFiniteGradientError on every rank (the step is not counted)."""
         if namespace.is_tensorflow(grad):  # on its device until the sum's own payload crosses
             tf = sys.modules["tensorflow"]
             g = tf.reshape(tf.cast(grad, tf.float32), [-1])
@@ -50,6 +53,9 @@ class PlainSumPipeline(Pipeline):
             raise ValueError(f"the gradient has {g.shape[0]} elements, this pipeline sums {self.n}")
         before = self.traffic
         self.comm.allreduce(host.to_host(g), self._sum)
+        if not all_finite(self._sum):  # the same sum, so the same answer, on every rank
+            raise NonFiniteGradientError("dense sum skipped on every rank: a gradient holds inf or NaN "
+                                         "(a loss scaler's overflow?); no state changed")
         self.last = PlainSumStepInfo(self.step_count, self.traffic - before)
         self.step_count += 1
         return host.from_host(self._sum, g)

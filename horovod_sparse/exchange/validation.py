@@ -10,13 +10,15 @@ error everywhere instead of a hang or silent corruption.
 Every exchange (sparse allreduce, compressed allreduce, PowerSGD) agrees the same way:
 :func:`agree_call` (identity fields, call counter, tag, local error -> the agreed table,
 or ExchangeError on every rank), with :func:`identity_code` for the parameters that
-must match.
+must match. A rank whose gradient overflowed (inf or NaN, ``finite=False``) says so in the
+same header: if that is the only problem, every rank raises
+:class:`~.errors.NonFiniteGradientError` instead, and no data moves.
 """
 import zlib
 
 import numpy as np
 
-from .errors import ExchangeError
+from .errors import ExchangeError, NonFiniteGradientError
 
 # Header layout: one int64 per field, the same on every rank.
 HEADER_FIELDS = ("error_code", "error_detail", "n", "algorithm", "k", "call",
@@ -33,6 +35,8 @@ _ERROR_TEXT = {
 # ``tag`` is the caller's own check value (e.g. a CRC32 of the gradient layout).
 _AGREED = ("n", "algorithm", "k", "call", "value_dtype", "params", "tag")
 TAG_ERROR_CODE = 6
+#: a rank's gradient held an inf or a NaN (its own kind of problem: see agree_call)
+NONFINITE_CODE = 7
 
 
 def tag_as_int64(tag):
@@ -128,7 +132,7 @@ def identity_code(*fields):
 
 def agree_call(comm, *, n, call, tag, params, error_code=0, error_detail=0, algorithm=0, k=-1,
                value_dtype=1, count=0, algorithm_names=(), exchange="sparse allreduce",
-               error_texts=None):
+               error_texts=None, finite=True):
     """Build this rank's agreement header and agree on it: the one helper every exchange
     (sparse allreduce, compressed allreduce, PowerSGD) calls before any data moves. One
     ``Allgather`` of the int64 headers (dicts over HEADER_FIELDS).
@@ -142,14 +146,19 @@ def agree_call(comm, *, n, call, tag, params, error_code=0, error_detail=0, algo
         optional {detail}}).
     count : a per-rank number the caller wants from every rank (e.g. its entry count).
     exchange : the name the error message gives the exchange.
+    finite : False if this rank's gradient holds an inf or a NaN (a loss scaler's
+        overflow; a bad input's error code takes precedence).
 
     Returns the agreed table as {field: int64 array of P values} (callers reuse the
     per-rank ``count`` without another collective). Raises ExchangeError, the same on
-    every rank, naming the offending ranks and fields.
+    every rank, naming the offending ranks and fields; NonFiniteGradientError (a subclass)
+    when the only problem is that some ranks' gradients are not finite.
     """
     tag_value = tag_as_int64(tag)
     if tag_value is None:  # reported by every rank through the header, never raised alone
         tag_value, error_code = 0, error_code or TAG_ERROR_CODE
+    if not finite and not error_code:
+        error_code = NONFINITE_CODE
     header = dict(error_code=error_code, error_detail=error_detail, n=n, algorithm=algorithm, k=k,
                   call=call, value_dtype=value_dtype, params=params, count=count, tag=tag_value)
     texts = {**_ERROR_TEXT, **(error_texts or {})}
@@ -159,7 +168,8 @@ def agree_call(comm, *, n, call, tag, params, error_code=0, error_detail=0, algo
     col = {f: table[:, i] for i, f in enumerate(HEADER_FIELDS)}
 
     problems = []
-    for rank in np.flatnonzero(col["error_code"]):
+    overflowed = np.flatnonzero(col["error_code"] == NONFINITE_CODE)
+    for rank in np.flatnonzero((col["error_code"] != 0) & (col["error_code"] != NONFINITE_CODE)):
         code = int(col["error_code"][rank])
         text = texts.get(code, "invalid input").format(detail=int(col["error_detail"][rank]))
         problems.append(f"rank {rank}: {text} (n = {int(col['n'][rank])})")
@@ -175,4 +185,9 @@ def agree_call(comm, *, n, call, tag, params, error_code=0, error_detail=0, algo
     if problems:
         raise ExchangeError(f"{exchange} call {int(header['call'])} rejected on every rank "
                             "before any data moved: " + "; ".join(problems))
+    if overflowed.size:
+        raise NonFiniteGradientError(
+            f"{exchange} call {int(header['call'])} skipped on every rank: the gradient of rank(s) "
+            f"{overflowed.tolist()} holds inf or NaN (a loss scaler's overflow?); nothing was exchanged "
+            "and no state changed", ranks=overflowed)
     return col

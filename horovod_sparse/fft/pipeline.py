@@ -80,6 +80,7 @@ from horovod_sparse.checks import check_int
 from horovod_sparse.exchange import SparseAllreduce, mask_in_sorted
 from horovod_sparse.memory import ErrorFeedback
 from horovod_sparse.ops import host, namespace, views
+from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, saved_array
 from horovod_sparse.quantize.rangefloat import SPLITS, RangeFloatCodec
 
@@ -216,21 +217,25 @@ class FFTSparsifier(Pipeline):
 
         Returns a new float32 buffer of length n in grad's library and device, bitwise
         identical on every rank. If the exchange raises, the residual and step count
-        are left as they were.
+        are left as they were; so they are when any rank's acc holds an inf or a NaN
+        (NonFiniteGradientError on every rank).
         """
         acc = self.memory.accumulate(_float32(grad, self.n))                        # step 1
+        theta, kept_count = self.theta_at(self.step_count), self.kept_for(self.step_count)
+        if self.exchange == "oktopk":
+            self.engine.set_k(max(1, 2 * kept_count))
+        if not all_finite(acc):  # nothing worth transforming: the header makes every rank skip
+            self.engine.allreduce(np.empty(0, np.int64), np.empty(0, np.float32), tag=tag, finite=False)
+            raise AssertionError("unreachable: the exchange went on with a non-finite gradient")
         ws = self._workspace_for(acc)
         kernel = self._kernel
         spectrum = self.spectrum.forward(kernel(acc), kernel(ws.spectrum))           # step 2
 
-        theta, kept_count = self.theta_at(self.step_count), self.kept_for(self.step_count)
         keys = self.spectrum.energy_keys(spectrum, ws.keys, ws.squares, ws.energy_block)
         coefficients = self.selection.select(keys, kept_count, ws.mask)               # step 3
         positions = coefficient_positions(coefficients, namespace.empty(2 * kept_count, "int64", keys))
         values = coefficient_values(spectrum, coefficients)
         positions, values = views.as_like(positions, acc), views.as_like(values, acc)
-        if self.exchange == "oktopk":
-            self.engine.set_k(max(1, 2 * kept_count))
         sent = host.to_host(positions)
         result = self.engine.allreduce(sent, host.to_host(values), tag=tag)       # step 4
 

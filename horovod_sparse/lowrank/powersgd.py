@@ -68,10 +68,11 @@ import numpy as np
 
 from horovod_sparse.checks import check_bool, check_int
 from horovod_sparse.exchange.comm import CountingComm
-from horovod_sparse.exchange.errors import ExchangeError
+from horovod_sparse.exchange.errors import ExchangeError, NonFiniteGradientError
 from horovod_sparse.exchange.validation import agree_call, identity_code
 from horovod_sparse.memory import ErrorFeedback
 from horovod_sparse.ops import host, namespace
+from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.pipeline import Pipeline, saved_array
 
 from .factors import BlockView, back_project, expand_block, library, project, scratch_elements, transposed
@@ -273,23 +274,27 @@ class PowerSGDPipeline(Pipeline):
         Returns a new float32 buffer of length n in grad's library and device, bitwise
         identical on every rank. Bad input on any rank, or ranks disagreeing on n, rank,
         layout/parameters, tag or call count, raise ExchangeError on every rank before
-        any data moves; if the exchange raises, the pipeline's state is left as it was.
+        any data moves; if the exchange raises, the pipeline's state is left as it was (so
+        it is when any rank's M holds an inf or a NaN: NonFiniteGradientError on every rank).
         """
         if self._comm.closed:
             raise RuntimeError("PowerSGDPipeline is closed")
         before = self._comm.traffic
         code, detail, grad = self._checked(grad)
         plan = self.plan
+        acc = None if grad is None else self._memory.accumulate(grad)              # step 1
         call, self._calls = self._calls, self._calls + 1  # on every rank, also when rejected
         try:
             agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
                        error_code=code, error_detail=detail, k=self.approx_rank,
                        count=plan.p_size + plan.dense_size, algorithm_names=_ALGORITHM_NAMES,
-                       exchange="PowerSGD", error_texts=_ERROR_TEXTS)
+                       exchange="PowerSGD", error_texts=_ERROR_TEXTS, finite=acc is None or all_finite(acc))
+        except NonFiniteGradientError:
+            self._calls = call  # a skipped step is not counted: the next runs as if it had not been
+            raise
         except ExchangeError as err:
             raise ExchangeError(str(err) + _HINT) from None
 
-        acc = self._memory.accumulate(grad)                                         # step 1
         ws = self._workspace_for(acc)
         kernel = self._kernel
         m = kernel(acc)

@@ -34,6 +34,7 @@ from horovod_sparse.exchange.seeds import derive_seed
 from horovod_sparse.exchange.comm import Traffic
 from horovod_sparse.memory import ErrorFeedback, Momentum
 from horovod_sparse.ops import namespace
+from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.pipeline import Pipeline, saved_array, with_prefix, without_prefix
 
 
@@ -132,7 +133,8 @@ class QuantizedPipeline(Pipeline):
 
         Returns a new float32 array of length n in grad's library and device, bitwise
         identical on every rank. If the exchange raises, the pipeline's state is left as
-        it was before the call.
+        it was before the call; so it is when any rank's acc holds an inf or a NaN
+        (NonFiniteGradientError on every rank).
         """
         g = self._float32(grad)
         if g is None:
@@ -140,7 +142,7 @@ class QuantizedPipeline(Pipeline):
             raise AssertionError("unreachable: the exchange accepted a bad gradient")
         acc = self.memory.accumulate(g)                                       # 1.
         result = self.exchange.allreduce(acc, seed=derive_seed(self.seed, self.step_count), tag=tag,
-                                         want_own=self.error_feedback)        # 2.
+                                         want_own=self.error_feedback, finite=all_finite(acc))  # 2.
         if self.momentum is not None:                                         # 3.
             self.memory.commit(acc)
         else:

@@ -20,6 +20,10 @@ class ArrivalTrace:
         self.steps.append((self._current, time.perf_counter() if at is None else at))
         self._current = []
 
+    def discard_step(self):
+        """Forget the current step's arrivals (a step skipped for a non-finite gradient)."""
+        self._current = []
+
     def backward_trace(self, keys):
         """``(order, compute_times, tail_s)`` of the gradients ``keys``: their order in the
         last step, the median seconds of backward before each (0 for the first: backward's

@@ -21,6 +21,7 @@ import numpy as np
 from horovod_sparse.exchange import ALGORITHMS, SparseAllreduce, Traffic
 from horovod_sparse.memory import ErrorFeedback, MomentumCorrection
 from horovod_sparse.ops import host, kernels, namespace
+from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.ops.indices import compact, isin_sorted, take
 from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, with_prefix, without_prefix
 from horovod_sparse.sparsify.selection import MagnitudeKeys
@@ -132,10 +133,11 @@ class Sparsifier(Pipeline):
 
         Returns ``(indices, values)``: sorted unique int64 indices and their float32 sums,
         in grad's library and device, bitwise identical on every rank. If the exchange
-        raises, the sparsifier's state is left as it was before the call.
+        raises, the sparsifier's state is left as it was before the call; so it is when
+        any rank's acc holds an inf or a NaN (NonFiniteGradientError on every rank).
 
         1. acc = memory.accumulate(grad): grad + residual (DGC: momentum correction),
-           one pass into a spare buffer;
+           one pass into a spare buffer, and whether it is finite (one reduction);
         2. local selection by the rule on acc's magnitude keys (one pass for the keys,
            usually one comparison and one compaction);
         3. gather the selected values; only (indices, values) cross to the host;
@@ -144,16 +146,19 @@ class Sparsifier(Pipeline):
         6. commit: the residual is acc with zeros at the cleared indices.
         """
         acc = self._accumulate(grad)                                           # step 1
+        finite = all_finite(acc)
         rule_state = self.rule.state_dict()
         try:
-            if self.step_count < self.warmup_steps:
+            if not finite:  # nothing worth selecting: the header tells every rank to skip
+                local, method, engine = namespace.arange(0, acc), "skipped", self.engine
+            elif self.step_count < self.warmup_steps:
                 local, method, engine = namespace.arange(self.n, acc), "dense", self.dense_engine
             else:
                 local, method = self.rule.select(acc, self._keys(acc), self.k,  # step 2
                                                  self.step_count, self.rank)
                 engine = self.engine
             sent = take(acc, local)                                     # step 3
-            result = engine.allreduce(host.to_host(local), host.to_host(sent), tag=tag)
+            result = engine.allreduce(host.to_host(local), host.to_host(sent), tag=tag, finite=finite)
         except BaseException:
             self.rule.load_state_dict(rule_state)  # carried thresholds are not kept either
             raise

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from horovod_sparse.exchange.errors import NonFiniteGradientError
 from horovod_sparse.layout_pipeline import PIPELINE_KEY
 from horovod_sparse.schedule.planner import PLANNED, channels_of, choose_plan
 from horovod_sparse.schedule.arrivals import ArrivalTrace
@@ -93,14 +94,23 @@ class StepExchanges:
         """The step's sums (``write(key, scale)``): wait for the planned buckets, or exchange
         the whole step now (and, once enough steps are profiled, plan). Collective."""
         if self._channels is not None:
-            results = self._channels.finish(recorded, frozen)
+            try:
+                results = self._channels.finish(recorded, frozen)
+            except NonFiniteGradientError:  # an overflowed step is no trial step: its period is not kept
+                self._trial_start = None
+                raise
             self.pipelines = self._channels.pipelines()
             if self._trials is not None and (self._trials.finished or self._trials.step_ran()):
                 self._next_trial()  # from the next step on; this step's sums stay with the exchanges that made them
             return results
+        backward_end = time.perf_counter()
+        try:
+            results = self._whole_step.exchange(recorded, frozen, self.comm, self.algorithm.name)
+        except NonFiniteGradientError:  # nor a profiled step: its arrivals are not kept
+            self._trace.discard_step()
+            raise
         if self.schedule != "after_backward":
-            self._trace.end_step()
-        results = self._whole_step.exchange(recorded, frozen, self.comm, self.algorithm.name)
+            self._trace.end_step(at=backward_end)
         if self._whole_step.pipeline is not None:
             self.pipelines = {WHOLE_STEP_KEY: (self._whole_step.layout, self._whole_step.pipeline)}
         if self.schedule != "after_backward":

@@ -75,6 +75,16 @@ def dense_parts(layout, summed):
     return [summed[e.offset:e.offset + e.size] for e in layout.entries]
 
 
+def nonfinite_parts(layout, sparse):
+    """Every gradient's part of a step whose gradient overflowed on some rank
+    (:mod:`horovod_sparse.nonfinite`): NaN everywhere, as :func:`sparse_parts` (every index)
+    or :func:`dense_parts` give it, so that the loss scaler skips the step."""
+    nan = [np.full(e.size, np.nan, np.float32) for e in layout.entries]
+    if sparse:
+        return [(np.arange(e.size, dtype=np.int64), values) for e, values in zip(layout.entries, nan)]
+    return nan
+
+
 class InOrderHostExchanges:
     """Host calls, one per bucket, run in trace order on every rank (module docstring)."""
 

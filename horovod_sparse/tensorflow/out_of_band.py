@@ -37,15 +37,18 @@ from horovod.tensorflow.mpi_ops import Adasum
 
 from horovod_sparse.agreement import agree_on_layout, check_same_on_every_rank, communicator_of
 from horovod_sparse.checks import check_choice, check_positive_int
+from horovod_sparse.exchange.errors import NonFiniteGradientError
 from horovod_sparse.horovod_frames import check_caller
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.layout_pipeline import LayoutPipeline
+from horovod_sparse.nonfinite import check_nonfinite, raise_with_hint
 from horovod_sparse.ops.tf_ops import TFOps
 from horovod_sparse.out_of_band import OutOfBandCompressorBase
 from horovod_sparse.ops.namespace import concat_float32, copy_of
 from horovod_sparse.schedule.planner import SCHEDULES
 from horovod_sparse.step.exchanges import StepExchanges
-from horovod_sparse.tensorflow.bucket_exchange import InOrderHostExchanges, dense_parts, sparse_parts
+from horovod_sparse.tensorflow.bucket_exchange import (InOrderHostExchanges, dense_parts, nonfinite_parts,
+                                                      sparse_parts)
 from horovod_sparse.tensorflow.construction import refuse_inside_trace
 from horovod_sparse.tensorflow.gradient_keys import GradientKeys, horovod_gradients
 from horovod_sparse.tensorflow.graph_mode import outermost_graph
@@ -66,6 +69,12 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         profile_steps, trial_steps: the planned schedules' profiled steps and, with ``"auto"``,
             timed steps per candidate plan (integers >= 1; as
             :class:`~horovod_sparse.torch.out_of_band.TorchOutOfBandCompressor`).
+        nonfinite: when some rank's gradient holds inf or NaN (a loss scaler's overflow), no
+            state changes and every out-of-band gradient of the step is NaN on every rank
+            (``"propagate"``, default), or every rank raises (``"raise"``: inside the traced
+            step, TensorFlow's error carries the message of
+            :class:`~horovod_sparse.exchange.NonFiniteGradientError`). See
+            :mod:`horovod_sparse.nonfinite`.
 
     Gradients are identified as in :class:`~horovod_sparse.tensorflow.TFCompressor` (variable
     name under Horovod's gradient allreduce, else position in the traced function;
@@ -85,15 +94,18 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
 
     ops = TFOps()
 
-    def __init__(self, algorithm, dense_below=None, schedule="after_backward", profile_steps=3, trial_steps=5):
+    def __init__(self, algorithm, dense_below=None, schedule="after_backward", profile_steps=3, trial_steps=5,
+                 nonfinite="propagate"):
         refuse_inside_trace(algorithm)
         super().__init__(algorithm, *(() if dense_below is None else (dense_below,)))
+        self.nonfinite = check_nonfinite(nonfinite)
         self.schedule = check_choice("schedule", schedule, SCHEDULES)
         self.profile_steps = check_positive_int("profile_steps", profile_steps)
         self.trial_steps = check_positive_int("trial_steps", trial_steps)
         # a planned schedule's runtime: the buckets are decided when the step runs, not traced
         self.planned = None if schedule in ("after_backward", "wfbp") else PlannedStep(
-            StepExchanges(algorithm, HOST_ARRAYS, schedule, self.profile_steps, self.trial_steps), lambda: self.comm)
+            StepExchanges(algorithm, HOST_ARRAYS, schedule, self.profile_steps, self.trial_steps), lambda: self.comm,
+            self.nonfinite_parts)
         # the whole step's pipeline (after_backward): each gradient's state follows it by key
         # when the step's set of gradients changes (a variable without gradient, or frozen)
         self.step_pipelines = LayoutPipeline(
@@ -192,13 +204,23 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
 
         def exchange(pieces):
             pipeline = pipeline_of(layout)
-            if sparse:
-                return sparse_parts(layout, *pipeline.step_sparse(pieces, tag=layout.tag))
-            summed = pipeline.step(concat_float32(pieces), tag=layout.tag)
+            try:
+                if sparse:
+                    return sparse_parts(layout, *pipeline.step_sparse(pieces, tag=layout.tag))
+                summed = pipeline.step(concat_float32(pieces), tag=layout.tag)
+            except NonFiniteGradientError as error:
+                return self.nonfinite_parts(error, layout)
             # TensorFlow keeps what the host call returns without copying it: not a reused buffer
             return dense_parts(layout, summed if pipeline.fresh_result else copy_of(summed))
 
         return self._in_order.run(exchange, recorded, layout, sparse=sparse, on_device=self._on_device(recorded))
+
+    def nonfinite_parts(self, error, layout):
+        """The parts of a step whose gradient overflowed on some rank (every rank is here: the
+        check was agreed): NaN, or the error again with ``nonfinite="raise"``."""
+        if self.nonfinite == "raise":
+            raise_with_hint(error)
+        return nonfinite_parts(layout, self.algorithm.sparse_result)
 
     def _on_device(self, recorded):
         """A pipeline with a TensorFlow spelling runs as TensorFlow ops where the gradients are (on

@@ -24,7 +24,7 @@ With ``on_device`` the host calls are ``tf.py_function``s and the arrays eager t
 (:mod:`horovod_sparse.tensorflow.step_arrays`). TensorFlow chains those in trace order, so a
 gradient computed out of backward's order waits for the ones traced before it.
 
-    planned = PlannedStep(StepExchanges(algorithm, HOST_ARRAYS, "mgwfbp"), lambda: comm)
+    planned = PlannedStep(StepExchanges(algorithm, HOST_ARRAYS, "mgwfbp"), lambda: comm, compressor.nonfinite_parts)
     parts = planned.trace(in_order, [(key, gradient), ...], layout, sparse=True, on_device=False)
 """
 import functools
@@ -33,13 +33,17 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from horovod_sparse.exchange.errors import NonFiniteGradientError
+
 
 class PlannedStep:
     """The traced step's side of a planned schedule, around one :class:`StepExchanges`."""
 
-    def __init__(self, exchanges, comm_of):
+    def __init__(self, exchanges, comm_of, nonfinite_parts):
         self.exchanges = exchanges
         self.comm_of = comm_of  # the compressor's communicator, known at the first step
+        # (error, layout) -> the parts of a step whose gradient overflowed (NaN), or raises
+        self.nonfinite_parts = nonfinite_parts
         # arrival calls may run on several of TensorFlow's threads at once
         self._lock = threading.Lock()
         self._recorded = None  # key -> gradient (numpy, or eager tensor) this step; None between steps
@@ -74,5 +78,8 @@ class PlannedStep:
         """Every gradient's part of the step's sum, in ``layout``'s order (in the collecting call)."""
         with self._lock:
             recorded, self._recorded = self._recorded or {}, None
-        results = self.exchanges.finish(recorded, {})
+        try:
+            results = self.exchanges.finish(recorded, {})
+        except NonFiniteGradientError as error:
+            return self.nonfinite_parts(error, layout)
         return [results.part(e.key) for e in layout.entries]

@@ -3,7 +3,7 @@
 The exchange itself, the same for every frontend, is :class:`horovod_sparse.step.bucket.Bucket`;
 :class:`TorchStepArrays` tells it how to read torch tensors, :class:`FusedBuffer` fuses them
 for the pipelines that take one buffer, and :class:`StepSum` writes each gradient's part of
-the sum back into the gradient tensor.
+the sum back into the gradient tensor (:class:`NonFiniteSum`: NaN, where a gradient overflowed).
 
     bucket = Bucket(horovod_sparse.create("topk", density=0.01), TORCH_ARRAYS)
     step_sum = bucket.exchange({"fc.weight": grad}, frozen={}, comm=comm, name="topk")
@@ -114,3 +114,19 @@ class StepSum:
             part = self.parts[key]
             flat_out.copy_(part * scale if scale != 1.0 else part)
         return out
+
+
+class NonFiniteSum:
+    """The step's result when some rank's gradient overflowed (:mod:`horovod_sparse.nonfinite`):
+    ``write(key, scale)`` fills that gradient with NaN in place, on every rank, so that a loss
+    scaler sees the overflow and skips the step; a frozen parameter keeps its zero gradient."""
+
+    def __init__(self, gradients, frozen=()):
+        self.gradients, self.frozen = gradients, frozen
+
+    def write(self, key, scale):
+        if key in self.frozen:
+            return self.frozen[key]
+        g = self.gradients[key]
+        out = g if g.is_contiguous() and not g.requires_grad else torch.empty_like(g)
+        return out.fill_(float("nan"))

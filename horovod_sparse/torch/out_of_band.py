@@ -21,6 +21,8 @@ Horovod calls ``compress`` for every gradient of a step (from the backward hooks
    itself (zeroed, then the summed pairs scattered in for sparsifiers; copied from the
    dense sum for the others), scaled by its probe, and returns it - in place, as
    Horovod's own allreduce does. Only the pipeline's payload ever leaves the device.
+   If some rank's gradient overflowed (inf or NaN), no state changes and every
+   out-of-band gradient of the step is NaN on every rank (:mod:`horovod_sparse.nonfinite`).
 
 A frozen parameter (``requires_grad`` False, as in fine-tuning schedules) leaves the fused
 layout at the step it is frozen on every rank: its residual is kept aside, untouched, and
@@ -40,12 +42,14 @@ from horovod.torch.optimizer import _DistributedAdasumOptimizer
 
 from horovod_sparse.agreement import communicator_of
 from horovod_sparse.checks import check_choice, check_positive_int
+from horovod_sparse.exchange.errors import NonFiniteGradientError
 from horovod_sparse.horovod_frames import caller_gradient, caller_process_set, check_caller
+from horovod_sparse.nonfinite import check_nonfinite, raise_with_hint
 from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.out_of_band import OutOfBandCompressorBase
 from horovod_sparse.schedule.planner import SCHEDULES
 from horovod_sparse.step.exchanges import StepExchanges
-from horovod_sparse.torch.buckets import TORCH_ARRAYS
+from horovod_sparse.torch.buckets import TORCH_ARRAYS, NonFiniteSum
 
 
 class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
@@ -66,6 +70,11 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         trial_steps: with ``"auto"``, timed steps each candidate plan runs (after one
             warm-up step) before the fastest is kept (integer >= 1, default 5; each
             candidate's median step period counts).
+        nonfinite: what a step does when some rank's gradient holds inf or NaN (a loss
+            scaler's overflow): ``"propagate"`` (default) writes NaN into every out-of-band
+            gradient on every rank, so the scaler skips the step; ``"raise"`` raises
+            :class:`~horovod_sparse.exchange.NonFiniteGradientError` on every rank. Either
+            way no state changes (:mod:`horovod_sparse.nonfinite`).
 
     The fused buffer is float32 on the gradients' device; results are written back in each
     gradient's own dtype and device. Use one instance per optimizer (with ``process_set=``,
@@ -82,8 +91,10 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
 
     ops = TorchOps()
 
-    def __init__(self, algorithm, dense_below=None, schedule="after_backward", profile_steps=3, trial_steps=5):
+    def __init__(self, algorithm, dense_below=None, schedule="after_backward", profile_steps=3, trial_steps=5,
+                 nonfinite="propagate"):
         super().__init__(algorithm, *(() if dense_below is None else (dense_below,)))
+        self.nonfinite = check_nonfinite(nonfinite)
         self.schedule = check_choice("schedule", schedule, SCHEDULES)
         self.profile_steps = check_positive_int("profile_steps", profile_steps)
         self.trial_steps = check_positive_int("trial_steps", trial_steps)
@@ -129,7 +140,12 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         if kind == "dense":
             return self.decompress_dense(tensor, info)
         if self._results is None:
-            self._results = self.exchanges.finish(self._recorded, self._frozen)
+            try:
+                self._results = self.exchanges.finish(self._recorded, self._frozen)
+            except NonFiniteGradientError as error:  # every rank is here: the check was agreed
+                if self.nonfinite == "raise":
+                    raise_with_hint(error)
+                self._results = NonFiniteSum(self._recorded, self._frozen)
             self.pipelines = self.exchanges.pipelines
         return self._results.write(info, self.scale(tensor.item()))
 
