@@ -10,6 +10,7 @@ process set in ``self.process_set`` / ``process_set``, and the gradient's parame
 ``p`` with its name in ``self._parameter_names`` (``name`` in ``hvd.allreduce``).
 """
 import sys
+import weakref
 
 
 def check_caller(name, adasum_op, adasum_code=None, depth=4, process_sets=False):
@@ -33,15 +34,17 @@ def check_caller(name, adasum_op, adasum_code=None, depth=4, process_sets=False)
                              f"{process_set.process_set_id}")
 
 
-def caller_gradient(tensor, depth=3):
+def caller_gradient(tensor, depth=3, optimizer=False):
     """``(name, parameter)`` of ``tensor`` as the Horovod code compressing it knows them:
     ``hvd.DistributedOptimizer``'s parameter name and the parameter, or the ``name=`` given
     to ``hvd.allreduce`` (parameter None); ``(None, None)`` where no name is visible (a
     direct ``compress`` call, an unnamed ``hvd.allreduce``). Looks at up to ``depth`` frames
-    above the compressor's ``compress``.
+    above the compressor's ``compress``. With ``optimizer``, a third item: the
+    ``hvd.DistributedOptimizer`` calling (None if none is visible), for :class:`OneOptimizer`.
 
     Example: inside ``opt.step()``, ``caller_gradient(p.grad)`` is ``("fc.weight", p)``.
     """
+    found = (None, None, None)
     for frame in _frames(sys._getframe(2), depth):
         local = frame.f_locals
         parameter = local.get("p")
@@ -49,12 +52,48 @@ def caller_gradient(tensor, depth=3):
                                       or getattr(parameter, "grad", None) is tensor):
             # The grouped path compresses in a comprehension: its optimizer is one frame up.
             for owner_frame in (frame, frame.f_back):
-                names = getattr((owner_frame.f_locals if owner_frame else {}).get("self"), "_parameter_names", None)
+                owner = (owner_frame.f_locals if owner_frame else {}).get("self")
+                names = getattr(owner, "_parameter_names", None)
                 if isinstance(names, dict):
-                    return names.get(parameter), parameter
+                    found = (names.get(parameter), parameter, owner)
+                    break
+            else:
+                continue
+            break
         if local.get("tensor") is tensor and isinstance(local.get("name"), str):
-            return local["name"], None
-    return None, None
+            found = (local["name"], None, None)
+            break
+    return found if optimizer else found[:2]
+
+
+class OneOptimizer:
+    """The Horovod optimizer a compressor belongs to: the first that calls it. Its state is keyed
+    by parameter name, and two optimizers' parameters share names (two ``nn.Sequential``: both
+    ``"0.weight"``), so a second optimizer calling the same instance would mix their residuals
+    without an error. ``check(optimizer)`` refuses it on every rank (the same program runs the
+    same calls everywhere). An optimizer that has been deleted frees the compressor for a new one.
+
+    Example::
+
+        name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
+        self._owner.check(optimizer)      # ValueError from a second optimizer
+    """
+
+    def __init__(self, name):
+        self.name = name
+        self._owner = None  # a weak reference: the compressor must not keep an optimizer alive
+
+    def check(self, optimizer):
+        if optimizer is None:
+            return
+        owner = None if self._owner is None else self._owner()
+        if owner is None:
+            self._owner = weakref.ref(optimizer)
+        elif owner is not optimizer:
+            raise ValueError(f"{self.name}: this compressor instance already belongs to another "
+                             "hvd.DistributedOptimizer; its state is keyed by parameter name, so two "
+                             "optimizers would mix their residuals. Make one compressor per optimizer "
+                             "(call Compression.<name>(...) once for each)")
 
 
 def caller_process_set(depth=24):

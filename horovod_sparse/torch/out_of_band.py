@@ -43,7 +43,7 @@ from horovod.torch.optimizer import _DistributedAdasumOptimizer
 from horovod_sparse.agreement import communicator_of
 from horovod_sparse.checks import check_choice, check_positive_int
 from horovod_sparse.exchange.errors import NonFiniteGradientError
-from horovod_sparse.horovod_frames import caller_gradient, caller_process_set, check_caller
+from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_process_set, check_caller
 from horovod_sparse.nonfinite import check_nonfinite, raise_with_hint
 from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.out_of_band import OutOfBandCompressorBase
@@ -106,6 +106,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._frozen = {}      # key -> gradient of a frozen parameter, this step
         self._results = None   # the step's sums (StepSum or ChannelExchanges), after its exchange
         self._caller_checked = False
+        self._optimizer = OneOptimizer(algorithm.name)  # one compressor per optimizer: refuse a second
 
     def compress(self, tensor):
         if not self._caller_checked:
@@ -117,7 +118,8 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             self._position, self._step_finished = 0, False
             self._recorded, self._frozen, self._results = {}, {}, None
             self.exchanges.start_step(self.comm)
-        name, parameter = caller_gradient(tensor)
+        name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
+        self._optimizer.check(optimizer)
         key = self._position if name is None else name
         self._position += 1
         if self.goes_dense(tensor):
