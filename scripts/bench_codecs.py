@@ -16,7 +16,9 @@ error-feedback residual settles instead of growing with one gradient repeated; t
 out-of-band compressors also write their result into the gradient tensor, as Horovod's
 in-place allreduce does). ``--same-gradient`` repeats one gradient instead.
 The table gives the median time and GB/s of gradient (bytes in / median time), and a
-``dst.copy_(src)`` of the same buffer measured in the same run: the memory bound.
+``dst.copy_(src)`` of the same buffer measured in the same run: the memory bound; and the
+overflow check alone (``horovod_sparse.ops.finite.all_finite``), which every stateful
+compressor's round trip includes.
 
     .venv/bin/python scripts/bench_codecs.py --json results/codecs.json
     .venv/bin/python scripts/bench_codecs.py --frameworks torch tensorflow --update-md docs/benchmarks.md
@@ -39,6 +41,8 @@ SPECS = ["none", "fp16", "randomk:density=0.01", "topk:density=0.01", "oktopk:de
          "gtopk:density=0.01", "gaussiank:density=0.01", "dgc:density=0.01", "threshold:value=2.6",
          "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "fft"]
 COPY = "memory copy"
+#: the overflow check every stateful pipeline makes on what it compresses (horovod_sparse.ops.finite)
+CHECK = "overflow check"
 
 
 def parse_args():
@@ -91,6 +95,14 @@ def torch_copy(gradient):
     return lambda: None, lambda: dst.copy_(src)
 
 
+def torch_check(gradient):
+    """The overflow check alone (included in every stateful compressor's round trip)."""
+    import torch
+    from horovod_sparse.ops.finite import all_finite
+    src = torch.from_numpy(gradient).reshape(-1)
+    return lambda: None, lambda: all_finite(src)
+
+
 def tensorflow_round_trip(spec, gradient, same_gradient=True):
     import tensorflow as tf
     import horovod_sparse.tensorflow as hvds
@@ -127,11 +139,12 @@ def markdown(records, args):
              f"through each frontend at P = 1, {args.threads} thread(s), median of {args.repeats} after "
              f"{args.warmup} warm-up, {'one gradient repeated' if args.same_gradient else 'a new gradient each call'}"
              f"; {platform.node()}, {os.cpu_count()} cores, no GPU, shared with other "
-             "jobs. The first row is a plain copy of the buffer (the memory bound). Command: "
+             "jobs. The first row is a plain copy of the buffer (the memory bound), the second the overflow "
+             "check alone (part of every stateful compressor's round trip). Command: "
              "`.venv/bin/python scripts/bench_codecs.py --update-md docs/benchmarks.md`.", "",
              "| compressor | " + " | ".join(f"{names[fw]} s | {names[fw]} GB/s | x copy" for fw in frameworks) + " |",
              "|---|" + "---:|---:|---:|" * len(frameworks)]
-    for spec in [COPY] + args.specs:
+    for spec in [COPY, CHECK] + args.specs:
         cells = []
         for fw in frameworks:
             r, copy = by.get((spec, fw)), by.get((COPY, fw))
@@ -169,6 +182,7 @@ def main():
     records = []
     if "torch" in args.frameworks:
         records.append(record(COPY, "torch", measure(*torch_copy(gradient), args), gradient.nbytes, args))
+        records.append(record(CHECK, "torch", measure(*torch_check(gradient), args), gradient.nbytes, args))
     if "tensorflow" in args.frameworks:
         import tensorflow as tf
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
