@@ -29,8 +29,9 @@ where sent, but not through a :class:`Memory`: its residual is per-gradient slot
 (``slot.residual``, ``slot.step``, saved by the frontends' ``state_dict``) in the
 gradient's wire dtype (float16 and float64 stay so; a memory is float32), a ``tf.Variable``
 inside TensorFlow graphs, so each framework's :class:`~horovod_sparse.ops.base.ArrayOps`
-stores it. It needs no spare buffer: its exchange is Horovod's allreduce, after
-``compress`` returns, so it commits (in place on torch) as soon as it has picked.
+stores it. Its exchange is Horovod's allreduce, between ``compress`` and ``decompress``, so
+it keeps the same two phases across them: ``compress`` writes acc beside the residual, and
+``decompress`` commits it once the reduced payload is finite (:mod:`horovod_sparse.slots`).
 
 Example::
 

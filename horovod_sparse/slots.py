@@ -6,10 +6,20 @@ it (PyTorch, :func:`~horovod_sparse.horovod_frames.caller_gradient`), else its p
 in the step's sequence of ``compress`` calls (PyTorch) or in the traced graph
 (TensorFlow). A slot remembers its tensor's shape and dtype so that a change of order
 is caught (``ValueError``) rather than feeding one tensor's residual into another.
+
+A step commits each gradient's state in ``decompress``, once its reduced payload is finite,
+and is *settled* when the next step begins (or the state is saved or loaded): if any gradient
+of it overflowed (a loss scaler's overflow: :mod:`horovod_sparse.nonfinite`), the gradients
+that committed are rolled back, so the whole step leaves no trace, as the scaler skips it
+whole. :attr:`Slot.outcome` records what the step not yet settled did to each slot.
 """
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Hashable, Tuple
+
+#: :attr:`Slot.outcome` values: the slot took no part in the step not yet settled, committed
+#: in it (rolled back if another gradient of the step overflowed), or declined it (overflow)
+NO_OUTCOME, COMMITTED, OVERFLOWED = 0, 1, 2
 
 
 @dataclass
@@ -24,8 +34,15 @@ class Slot:
         dtype: the gradient's dtype name.
         residual: error-feedback memory, a flat tensor of the gradient's dtype holding
             what was accumulated but not yet sent (``None`` until first used).
-        step: how many times this slot has been compressed (int, or a TensorFlow
-            variable inside graphs).
+        step: how many steps this slot has committed (int, or a TensorFlow variable inside
+            graphs); it seeds the shared random indices, so a step that overflowed (not
+            committed, :mod:`horovod_sparse.nonfinite`) leaves it as it was.
+        spare: after a commit, the residual before it (kept to roll the step back until it
+            is settled); then the buffer the next step's ``grad + residual`` is written into
+            (PyTorch), swapped with the residual on commit. None until the first commit (and
+            without error feedback); a ``tf.Variable`` inside TensorFlow graphs.
+        outcome: :data:`NO_OUTCOME`, :data:`COMMITTED` or :data:`OVERFLOWED`: what the step
+            not yet settled did to this slot (an int, or a TensorFlow variable).
         payload_nbytes: bytes this rank hands to the wire for this tensor per step.
         dense_nbytes: bytes of the uncompressed gradient.
     """
@@ -35,6 +52,8 @@ class Slot:
     dtype: str
     residual: Any = None
     step: Any = 0
+    spare: Any = None
+    outcome: Any = NO_OUTCOME
     payload_nbytes: int = 0
     dense_nbytes: int = 0
 

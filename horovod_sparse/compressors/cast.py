@@ -7,6 +7,11 @@ class CastCompressor(Compressor):
 
     Horovod reduces the cast payload, which is linear, so any dtype Horovod's allreduce
     accepts works. Dtypes not in ``wire_dtypes`` (integers among them) pass untouched.
+
+    Stateless, so a loss scaler's overflow needs nothing here: an inf or NaN on any rank makes
+    the reduced payload non-finite on every rank, as with Horovod's own compressors (fp16 also
+    turns |x| > 65504 into inf). The frontends' ``nonfinite="raise"`` checks the reduced payload
+    (:class:`~horovod_sparse.in_band.InBandCompressorBase`).
     """
 
     #: gradient dtype name -> dtype name on the wire

@@ -6,7 +6,17 @@ line up and Horovod's dense allreduce of those k values is the exact sum of what
 each rank kept. With error feedback (default) the coordinates not sent stay in a
 residual and are added to the next step's gradient, so nothing is lost, only delayed.
 Reference: Stich et al., "Sparsified SGD with memory", NeurIPS 2018; GRACE's randomk.
+
+A loss scaler's overflow (:mod:`horovod_sparse.nonfinite`): a rank whose gradient (with its
+residual) holds inf or NaN sends NaN, so the reduced payload is NaN on every rank; each rank
+then returns NaN for the whole gradient and keeps its residual and step counter as they were.
+The state is therefore committed in ``decompress``, on the reduced payload (k values, the same
+on every rank), not in ``compress``; and a step in which any gradient overflowed is rolled back
+whole when it is settled (:mod:`horovod_sparse.slots`), as the scaler skips it whole, so the
+next step runs as if that one had never been.
 """
+from typing import Any, NamedTuple
+
 from horovod_sparse.compressors.base import Compressor, check_bool, check_fraction, check_nonnegative_int
 from horovod_sparse.compressors.cast import from_wire, to_wire
 from horovod_sparse.sparsify.selection import k_for
@@ -46,22 +56,37 @@ class RandomKCompressor(Compressor):
         shape, n = ops.shape(tensor), ops.numel(tensor)
         k = self.k_for(n)
         acc = to_wire(ops, ops.flatten(tensor))
-        # error feedback (horovod_sparse.memory): acc = grad + residual, in place where the
-        # framework allows; committed at once, as the exchange (Horovod's) comes after
+        # error feedback in horovod_sparse.memory's two phases: acc = grad + residual in a
+        # working buffer; the slot changes only in decompress, once no rank overflowed
         if self.error_feedback:
-            acc = ops.add_to_residual(slot, acc)
+            acc = ops.accumulate(slot, acc)
+        finite = ops.all_finite(acc)
         indices = ops.random_indices(self.seed, slot.stream, ops.read_step(slot), n, k, like=acc)
-        values = ops.gather(acc, indices)
-        if self.error_feedback:
-            ops.write_residual(slot, ops.zero_at_(acc, indices))
-        ops.advance_step(slot)
+        # a rank whose acc overflowed sends NaN: Horovod's sum is then NaN on every rank, and
+        # every rank declines the step in decompress (no extra collective)
+        values = ops.nan_unless(finite, ops.gather(acc, indices))
+        residual = ops.zero_at_(acc, indices) if self.error_feedback else None
         # decompress may write the result into the gradient it was given (as Horovod's own
         # allreduce does): it is not read again once compressed
-        return values, (indices, n, shape, dtype, tensor)
+        return values, RandomKContext(indices, n, shape, dtype, tensor, slot, residual)
 
     def decompress(self, ops, payload, ctx):
         if ctx is None:
             return payload
-        indices, n, shape, dtype, gradient = ctx
-        dense = from_wire(ops, ops.scatter_into(gradient, indices, payload, n), dtype)
-        return ops.reshape(dense, shape)
+        # the reduced payload is the same on every rank, so every rank decides the same
+        finite = ops.all_finite(payload)
+        dense = ops.scatter_into(ctx.gradient, ctx.indices, payload, ctx.n)
+        dense = ops.commit_if(finite, ctx.slot, ctx.residual, ops.nan_unless(finite, dense))
+        return ops.reshape(from_wire(ops, dense, ctx.dtype), ctx.shape)
+
+
+class RandomKContext(NamedTuple):
+    """What :meth:`RandomKCompressor.compress` hands to its ``decompress`` (``ctx[0]`` is the
+    indices, as before the commit moved to ``decompress``)."""
+    indices: Any      # the k sorted indices sent, on the gradient's device
+    n: int            # the gradient's element count
+    shape: tuple      # the gradient's shape
+    dtype: str        # the gradient's dtype name
+    gradient: Any     # the gradient, free to overwrite with the result
+    slot: Any         # the gradient's Slot
+    residual: Any     # the residual to commit (acc with zeros where sent); None without error feedback

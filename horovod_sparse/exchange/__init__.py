@@ -11,7 +11,7 @@ tree (gTop-k), the algorithms (dense, allgather, oktopk, gtopk, dsa), comm
 """
 from .comm import Traffic
 from .engine import ALGORITHMS, ExchangeResult, SparseAllreduce
-from .errors import ExchangeError, NonFiniteGradientError
+from horovod_sparse.errors import ExchangeError, NonFiniteGradientError
 from .sparse_ops import intersect_sorted, mask_in_sorted
 
 __all__ = ["SparseAllreduce", "ExchangeResult", "Traffic", "ALGORITHMS", "ExchangeError", "NonFiniteGradientError",

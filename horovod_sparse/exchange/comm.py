@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from horovod_sparse.pipeline import ClosesOnExit
 
-from .errors import NonFiniteGradientError
+from horovod_sparse.errors import NonFiniteGradientError
 from .validation import agree_call
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from horovod_sparse.exchange.comm import CountingComm, Traffic
-from horovod_sparse.exchange.errors import NonFiniteGradientError
+from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.ops import host, namespace
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.pipeline import Pipeline

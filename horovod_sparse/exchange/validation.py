@@ -12,13 +12,13 @@ Every exchange (sparse allreduce, compressed allreduce, PowerSGD) agrees the sam
 or ExchangeError on every rank), with :func:`identity_code` for the parameters that
 must match. A rank whose gradient overflowed (inf or NaN, ``finite=False``) says so in the
 same header: if that is the only problem, every rank raises
-:class:`~.errors.NonFiniteGradientError` instead, and no data moves.
+:class:`~horovod_sparse.errors.NonFiniteGradientError` instead, and no data moves.
 """
 import zlib
 
 import numpy as np
 
-from .errors import ExchangeError, NonFiniteGradientError
+from horovod_sparse.errors import ExchangeError, NonFiniteGradientError
 
 # Header layout: one int64 per field, the same on every rank.
 HEADER_FIELDS = ("error_code", "error_detail", "n", "algorithm", "k", "call",

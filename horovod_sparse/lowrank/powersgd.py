@@ -68,7 +68,7 @@ import numpy as np
 
 from horovod_sparse.checks import check_bool, check_int
 from horovod_sparse.exchange.comm import CountingComm
-from horovod_sparse.exchange.errors import ExchangeError, NonFiniteGradientError
+from horovod_sparse.errors import ExchangeError, NonFiniteGradientError
 from horovod_sparse.exchange.validation import agree_call, identity_code
 from horovod_sparse.memory import ErrorFeedback
 from horovod_sparse.ops import host, namespace

@@ -1,7 +1,11 @@
 """The array-operations interface, and the one random-index generator every framework shares."""
 import numpy as np
 
+from horovod_sparse.errors import NonFiniteGradientError
+from horovod_sparse.nonfinite import raise_with_hint
+from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.ops.kernels import zero_at
+from horovod_sparse.slots import COMMITTED, NO_OUTCOME, OVERFLOWED
 
 # Floating dtypes the compressors work on, by name. Names (not framework dtype objects)
 # are what the math layer sees, so the same code runs over every framework.
@@ -89,19 +93,88 @@ class ArrayOps:
         """A dense 1-D tensor of length ``n``: ``values`` at ``indices``, zero elsewhere."""
         raise NotImplementedError
 
-    # Random-k's error feedback (see horovod_sparse.memory): frameworks with mutable tensors
-    # work in place to reuse buffers (a new 100 MB buffer per call costs its page faults, more
-    # than the math); TensorFlow's tensors are immutable, so it overrides with functional ops.
-    # In place or not, the values are the same bits.
-    def add_to_residual(self, slot, t):
-        """``t + residual``, the step's working copy of the residual (PyTorch: the residual
-        itself, added to in place). Write it back with :meth:`write_residual`."""
+    # Random-k's error feedback, in the two phases of horovod_sparse.memory: compress works on
+    # acc = grad + residual without changing the slot; decompress commits it only once the
+    # reduced payload shows that no rank overflowed, and the step is settled when the next one
+    # begins (horovod_sparse.slots, horovod_sparse.nonfinite). Frameworks with mutable tensors
+    # write acc into a spare buffer of the slot and swap it in on commit (a new 100 MB buffer
+    # per call costs its page faults, more than the math); TensorFlow's tensors are immutable,
+    # so it overrides with functional ops and variables. The values are the same bits.
+    def accumulate(self, slot, t):
+        """``t + residual``: the step's working copy (a buffer the caller owns); the slot is
+        untouched until :meth:`commit_if`."""
         return self.add(t, self.read_residual(slot))
 
     def zero_at_(self, flat, indices):
         """``flat`` with zeros at ``indices``, in place (``flat`` is the working copy from
-        :meth:`add_to_residual`, which the caller owns)."""
+        :meth:`accumulate`, which the caller owns)."""
         return zero_at(flat, indices)
+
+    def all_finite(self, t):
+        """Whether every element of ``t`` is finite: a bool here (one reduction, exact:
+        :func:`horovod_sparse.ops.finite.all_finite`); a 0-d bool tensor in a TensorFlow graph
+        and for a PyTorch tensor on a GPU (no synchronisation)."""
+        with np.errstate(over="ignore", invalid="ignore"):  # inf + -inf in the sum: expected here
+            return all_finite(self.flatten(t))
+
+    def nan_unless(self, flag, t):
+        """``t`` where ``flag`` holds, else ``t`` filled with NaN (``t`` is the caller's own)."""
+        return t if flag else self.fill_nan_(t)
+
+    def fill_nan_(self, t):
+        """``t`` filled with NaN, in place where the framework allows."""
+        raise NotImplementedError
+
+    def commit_if(self, flag, slot, residual, result):
+        """Where ``flag`` holds, make ``residual`` (None: no error feedback) the slot's residual,
+        advance its step and record :data:`~horovod_sparse.slots.COMMITTED` (rolled back by
+        :meth:`settle` if another gradient of the step overflowed); else leave the slot as it
+        was and record :data:`~horovod_sparse.slots.OVERFLOWED`. Returns ``result`` (in a
+        TensorFlow graph, made to wait for the commit, so that fetching it runs the commit)."""
+        if flag:
+            if residual is not None:
+                self.write_residual(slot, residual)
+            self.advance_step(slot)
+            self.write_outcome(slot, COMMITTED)
+        else:
+            self.release_residual(slot, residual)
+            self.write_outcome(slot, OVERFLOWED)
+        return result
+
+    def release_residual(self, slot, residual):
+        """A working copy that was not committed: the slot may reuse its buffer."""
+
+    def settle(self, slots):
+        """End the step not yet settled: if any of ``slots`` overflowed in it, roll back those
+        that committed, so that the whole step leaves no trace (every rank decides the same:
+        the outcomes follow from the reduced payloads). Returns what a TensorFlow graph's
+        reads of the state must wait for (None here)."""
+        outcomes = [(slot, self.read_outcome(slot)) for slot in slots]
+        overflowed = any(outcome == OVERFLOWED for _, outcome in outcomes)
+        for slot, outcome in outcomes:
+            if overflowed and outcome == COMMITTED:
+                self.roll_back(slot)
+            if outcome != NO_OUTCOME:
+                self.write_outcome(slot, NO_OUTCOME)
+
+    def roll_back(self, slot):
+        """Undo the slot's last commit: the residual before it (kept in ``slot.spare``) and step."""
+        if slot.spare is not None:
+            slot.residual, slot.spare = slot.spare, slot.residual
+        slot.step -= 1
+
+    def read_outcome(self, slot):
+        return slot.outcome
+
+    def write_outcome(self, slot, outcome):
+        slot.outcome = outcome
+
+    def raise_unless_finite(self, flag, message, result):
+        """``result``, or ``NonFiniteGradientError(message)`` (with what the user can do) where
+        ``flag`` does not hold: raised here, or by the TensorFlow graph when it runs."""
+        if not flag:
+            raise_with_hint(NonFiniteGradientError(message))
+        return result
 
     def scatter_into(self, out, indices, values, n):
         """:meth:`scatter`, written into ``out`` (a tensor of ``n`` elements that is free to
@@ -126,6 +199,7 @@ class ArrayOps:
         self.check_saved_residual(slot, residual)
         slot.residual = self.from_numpy(residual, like=slot.residual)
         slot.step = int(step)
+        slot.spare, slot.outcome = None, NO_OUTCOME
 
     def check_saved_residual(self, slot, residual):
         """Raise ValueError unless ``residual`` (numpy) fits the slot's gradient."""
@@ -151,7 +225,8 @@ class ArrayOps:
         return slot.residual
 
     def write_residual(self, slot, value):
-        slot.residual = value
+        # the residual before it is kept until the step is settled (roll_back)
+        slot.spare, slot.residual = slot.residual, value
 
     def read_step(self, slot):
         return slot.step
@@ -164,3 +239,4 @@ class ArrayOps:
 
     def from_numpy(self, a, like=None):
         raise NotImplementedError
+

@@ -34,6 +34,13 @@ class NumpyOps(ArrayOps):
         out[indices] = values
         return out
 
+    def accumulate(self, slot, t):
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is caught by all_finite
+            return super().accumulate(slot, t)
+
+    def fill_nan_(self, t):
+        return np.full_like(t, np.nan)  # a new array: a caller's array is never written
+
     def random_indices(self, seed, stream, step, n, k, like=None):
         return random_indices(seed, stream, step, n, k)
 

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from horovod_sparse.exchange.errors import NonFiniteGradientError
+from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.layout_pipeline import PIPELINE_KEY
 from horovod_sparse.schedule.planner import PLANNED, channels_of, choose_plan
 from horovod_sparse.schedule.arrivals import ArrivalTrace

@@ -37,7 +37,7 @@ from horovod.tensorflow.mpi_ops import Adasum
 
 from horovod_sparse.agreement import agree_on_layout, check_same_on_every_rank, communicator_of
 from horovod_sparse.checks import check_choice, check_positive_int
-from horovod_sparse.exchange.errors import NonFiniteGradientError
+from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.horovod_frames import check_caller
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.layout_pipeline import LayoutPipeline

@@ -33,7 +33,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from horovod_sparse.exchange.errors import NonFiniteGradientError
+from horovod_sparse.errors import NonFiniteGradientError
 
 
 class PlannedStep:

@@ -3,7 +3,7 @@ from horovod.torch.compression import Compressor as HorovodCompressor
 
 from horovod_sparse.catalogue import make_compression_namespace
 from horovod_sparse.in_band import InBandCompressorBase
-from horovod_sparse.horovod_frames import caller_gradient
+from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient
 from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.torch.auto import TorchAutoCompressor
 from horovod_sparse.torch.out_of_band import TorchOutOfBandCompressor
@@ -25,6 +25,21 @@ class TorchCompressor(InBandCompressorBase, HorovodCompressor):
     its residual is kept, untouched, for when it is unfrozen (it must not leak into a frozen
     parameter's update).
 
+    A loss scaler's overflow (``torch.amp.GradScaler``: some rank's gradient holds inf or NaN)
+    gives that gradient a NaN result on every rank, so the scaler skips the step on every rank,
+    and the step leaves ``randomk``'s residuals and step counters as they were: each gradient
+    commits in ``decompress`` once its reduced payload is finite, and the step's commits are
+    rolled back at the next step's first ``compress`` (or ``state_dict()``) if any gradient of
+    it overflowed (:mod:`horovod_sparse.slots`). ``nonfinite="raise"`` raises
+    :class:`~horovod_sparse.exchange.NonFiniteGradientError` on every rank instead
+    (:mod:`horovod_sparse.nonfinite`)::
+
+        opt.synchronize()                      # the GradScaler way, with Horovod
+        scaler.unscale_(opt)
+        with opt.skip_synchronize():
+            scaler.step(opt)                   # skipped where a gradient is not finite
+        scaler.update()
+
     Use one instance per optimizer. ``state_dict()``/``load_state_dict()`` save and restore
     residuals and step counters by key (see :class:`~horovod_sparse.in_band.InBandCompressorBase`).
 
@@ -36,15 +51,18 @@ class TorchCompressor(InBandCompressorBase, HorovodCompressor):
 
     ops = TorchOps()
 
-    def __init__(self, algorithm):
-        super().__init__(algorithm)
+    def __init__(self, algorithm, nonfinite="propagate"):
+        super().__init__(algorithm, nonfinite)
         self._position = 0          # position of the next compress call in this step
         self._step_finished = False  # set by decompress: the next compress starts a step
+        self._optimizer = OneOptimizer(algorithm.name)
 
     def compress(self, tensor):
         if self._step_finished:
             self._position, self._step_finished = 0, False
-        name, parameter = caller_gradient(tensor)
+        name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
+        if self.algorithm.stateful:  # a second optimizer would mix its residuals with the first's
+            self._optimizer.check(optimizer)
         key = self._position if name is None else name
         self._position += 1
         if self.algorithm.stateful and parameter is not None and not parameter.requires_grad:

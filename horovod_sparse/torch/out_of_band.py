@@ -42,7 +42,7 @@ from horovod.torch.optimizer import _DistributedAdasumOptimizer
 
 from horovod_sparse.agreement import communicator_of
 from horovod_sparse.checks import check_choice, check_positive_int
-from horovod_sparse.exchange.errors import NonFiniteGradientError
+from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_process_set, check_caller
 from horovod_sparse.nonfinite import check_nonfinite, raise_with_hint
 from horovod_sparse.ops.torch_ops import TorchOps

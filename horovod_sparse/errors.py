@@ -1,4 +1,7 @@
-"""The one exception type the exchange engine raises for bad or inconsistent input."""
+"""The errors every rank raises together: bad or inconsistent input to an exchange
+(:class:`ExchangeError`), and a step skipped for a loss scaler's overflow
+(:class:`NonFiniteGradientError`). Here, outside :mod:`horovod_sparse.exchange`, so that a
+frontend can catch them without importing mpi4py (importing a frontend starts no MPI)."""
 
 
 class ExchangeError(ValueError):
