@@ -45,14 +45,17 @@ class Pipeline(ClosesOnExit):
 
     The contract every pipeline keeps (the frontends rely on nothing else):
 
-    ``step(grad, tag=0)``
+    ``step(grad, tag=0, finite=True)``
         Collective: every rank of the pipeline's communicator calls it, the same number of
         times in the same order. ``grad`` is this rank's gradient, a 1-D float buffer of
         ``n`` elements (numpy, or a torch tensor on any device), only read. ``tag`` is an
         int every rank passes identically (a CRC of the gradient layout). Returns a float32
         buffer of ``n`` elements in grad's library and device: the sum over ranks of what
         the ranks contributed, bitwise identical on every rank. If the exchange raises, the
-        pipeline's state is left as it was before the call.
+        pipeline's state is left as it was before the call. If any rank's grad (with its
+        state) holds inf or NaN, or passes ``finite=False`` (another gradient of its step,
+        exchanged elsewhere, did), every rank raises
+        :class:`~horovod_sparse.errors.NonFiniteGradientError` and no state changes.
     ``last``
         What the latest step did on this rank (its ``step`` number and ``traffic``, plus
         what the pipeline tells of itself); None before the first step and after a load.
@@ -89,7 +92,7 @@ class Pipeline(ClosesOnExit):
     fresh_result = False
     _workspace = _workspace_place = None
 
-    def step(self, grad, tag=0):
+    def step(self, grad, tag=0, finite=True):
         raise NotImplementedError
 
     @property

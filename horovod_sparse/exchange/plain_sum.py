@@ -39,11 +39,12 @@ class PlainSumPipeline(Pipeline):
         self._exchanges = (self.comm,)
         self._sum = np.empty(self.n, dtype=np.float32)
 
-    def step(self, grad, tag=0):
+    def step(self, grad, tag=0, finite=True):
         """The sum over ranks of ``grad`` (1-D, length n, cast to float32) in grad's library
         and device: a buffer of this pipeline, valid until its next step (an eager TensorFlow
         tensor: a new one). ``tag`` is unused (the caller agreed on the layout). A sum that is not
-        finite raises NonFiniteGradientError on every rank (the step is not counted)."""
+        finite raises NonFiniteGradientError on every rank (the step is not counted); so does
+        ``finite=False`` on any rank (another gradient of its step overflowed)."""
         if namespace.is_tensorflow(grad):  # on its device until the sum's own payload crosses
             tf = sys.modules["tensorflow"]
             g = tf.reshape(tf.cast(grad, tf.float32), [-1])
@@ -52,7 +53,9 @@ class PlainSumPipeline(Pipeline):
         if g.shape[0] != self.n:
             raise ValueError(f"the gradient has {g.shape[0]} elements, this pipeline sums {self.n}")
         before = self.traffic
-        self.comm.allreduce(host.to_host(g), self._sum)
+        # another gradient of this rank's step overflowed: a NaN contribution tells every rank
+        sent = host.to_host(g) if finite else np.full(self.n, np.nan, np.float32)
+        self.comm.allreduce(sent, self._sum)
         if not all_finite(self._sum):  # the same sum, so the same answer, on every rank
             raise NonFiniteGradientError("dense sum skipped on every rank: a gradient holds inf or NaN "
                                          "(a loss scaler's overflow?); no state changed")

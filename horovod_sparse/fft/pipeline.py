@@ -205,7 +205,7 @@ class FFTSparsifier(Pipeline):
         return self.memory.residual
 
     # ------------------------------------------------------------------ step
-    def step(self, grad, tag=0):
+    def step(self, grad, tag=0, finite=True):
         """Exchange this step's gradient; return the sum over ranks of their contributions.
 
         grad : 1-D float buffer of length n (numpy, a torch tensor on any device, or an
@@ -214,6 +214,8 @@ class FFTSparsifier(Pipeline):
             same layout everywhere).
         tag : int every rank passes identically (a CRC of the layout); a mismatch
             raises ExchangeError on every rank.
+        finite : False when another gradient of this rank's step overflowed (the step is
+            skipped on every rank, as for an overflow here).
 
         Returns a new float32 buffer of length n in grad's library and device, bitwise
         identical on every rank. If the exchange raises, the residual and step count
@@ -224,7 +226,7 @@ class FFTSparsifier(Pipeline):
         theta, kept_count = self.theta_at(self.step_count), self.kept_for(self.step_count)
         if self.exchange == "oktopk":
             self.engine.set_k(max(1, 2 * kept_count))
-        if not all_finite(acc):  # nothing worth transforming: the header makes every rank skip
+        if not (finite and all_finite(acc)):  # nothing worth transforming: every rank skips
             self.engine.allreduce(np.empty(0, np.int64), np.empty(0, np.float32), tag=tag, finite=False)
             raise AssertionError("unreachable: the exchange went on with a non-finite gradient")
         ws = self._workspace_for(acc)

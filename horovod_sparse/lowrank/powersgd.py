@@ -264,12 +264,14 @@ class PowerSGDPipeline(Pipeline):
 
     fresh_result = True  # step 6 allocates the result
 
-    def step(self, grad, tag=0):
+    def step(self, grad, tag=0, finite=True):
         """Exchange this step's gradient; return the sum over ranks of what they kept.
 
         grad : 1-D float buffer of length n (numpy, a torch tensor on any device, or an
             eager TensorFlow tensor; cast to float32), this rank's gradient. Never modified.
         tag : int every rank passes identically (a CRC of the layout).
+        finite : False when another gradient of this rank's step overflowed (the step is
+            skipped on every rank, as for an overflow here).
 
         Returns a new float32 buffer of length n in grad's library and device, bitwise
         identical on every rank. Bad input on any rank, or ranks disagreeing on n, rank,
@@ -288,7 +290,7 @@ class PowerSGDPipeline(Pipeline):
             agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
                        error_code=code, error_detail=detail, k=self.approx_rank,
                        count=plan.p_size + plan.dense_size, algorithm_names=_ALGORITHM_NAMES,
-                       exchange="PowerSGD", error_texts=_ERROR_TEXTS, finite=acc is None or all_finite(acc))
+                       exchange="PowerSGD", error_texts=_ERROR_TEXTS, finite=acc is None or (finite and all_finite(acc)))
         except NonFiniteGradientError:
             self._calls = call  # a skipped step is not counted: the next runs as if it had not been
             raise

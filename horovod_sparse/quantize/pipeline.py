@@ -122,7 +122,7 @@ class QuantizedPipeline(Pipeline):
         """Signum's momentum u (float32 n, the live buffer), or None."""
         return self.memory.momentum_buffer if self.momentum is not None else None
 
-    def step(self, grad, tag=0):
+    def step(self, grad, tag=0, finite=True):
         """Exchange this step's gradient; return the sum over ranks of what they sent, decoded.
 
         grad : 1-D float array of length n (cast to float32), numpy or a torch tensor on
@@ -130,6 +130,8 @@ class QuantizedPipeline(Pipeline):
             float, not 1-D) is reported through the exchange's agreement: ExchangeError
             on every rank.
         tag : int every rank passes identically (a CRC of the layout).
+        finite : False when another gradient of this rank's step overflowed (the step is
+            skipped on every rank, as for an overflow here).
 
         Returns a new float32 array of length n in grad's library and device, bitwise
         identical on every rank. If the exchange raises, the pipeline's state is left as
@@ -142,7 +144,7 @@ class QuantizedPipeline(Pipeline):
             raise AssertionError("unreachable: the exchange accepted a bad gradient")
         acc = self.memory.accumulate(g)                                       # 1.
         result = self.exchange.allreduce(acc, seed=derive_seed(self.seed, self.step_count), tag=tag,
-                                         want_own=self.error_feedback, finite=all_finite(acc))  # 2.
+                                         want_own=self.error_feedback, finite=finite and all_finite(acc))  # 2.
         if self.momentum is not None:                                         # 3.
             self.memory.commit(acc)
         else:

@@ -119,7 +119,7 @@ class Sparsifier(Pipeline):
         return getattr(self.memory, "velocity", None)
 
     # ------------------------------------------------------------------- step
-    def step_sparse(self, grad, tag=0):
+    def step_sparse(self, grad, tag=0, finite=True):
         """Exchange this step's gradient; return the sum over ranks of what they sent, sparse.
 
         grad : 1-D float buffer of length n (numpy, or a torch tensor on any device; cast
@@ -130,6 +130,8 @@ class Sparsifier(Pipeline):
             the same layout on every rank).
         tag : int passed to :meth:`SparseAllreduce.allreduce`; ranks passing different
             tags all get an ExchangeError (use a CRC of the layout).
+        finite : False when another gradient of this rank's step overflowed: the step is
+            skipped on every rank, as for an overflow here.
 
         Returns ``(indices, values)``: sorted unique int64 indices and their float32 sums,
         in grad's library and device, bitwise identical on every rank. If the exchange
@@ -146,7 +148,7 @@ class Sparsifier(Pipeline):
         6. commit: the residual is acc with zeros at the cleared indices.
         """
         acc = self._accumulate(grad)                                           # step 1
-        finite = all_finite(acc)
+        finite = finite and all_finite(acc)
         rule_state = self.rule.state_dict()
         try:
             if not finite:  # nothing worth selecting: the header tells every rank to skip
@@ -179,10 +181,10 @@ class Sparsifier(Pipeline):
         self.step_count += 1
         return indices, values
 
-    def step(self, grad, tag=0):
+    def step(self, grad, tag=0, finite=True):
         """:meth:`step_sparse`, densified: a new float32 buffer of length n in grad's library
         and device, the sum of the sent values on the global selection, zero elsewhere."""
-        indices, values = self.step_sparse(grad, tag=tag)
+        indices, values = self.step_sparse(grad, tag=tag, finite=finite)
         if indices.shape[0] == self.n:  # every index (a dense warm-up step): values is dense
             return values
         out = namespace.zeros(self.n, "float32", values)

@@ -49,11 +49,13 @@ class Bucket:
         self.buffer = arrays.fused_buffer()
         self._layout = None  # (items, GradientLayout) of the last exchange, reused while it fits
 
-    def exchange(self, recorded, frozen, comm, name):
+    def exchange(self, recorded, frozen, comm, name, finite=True):
         """Exchange this bucket's gradients among ``recorded`` (key -> array) on ``comm``
         (collective); ``frozen`` (key -> zero gradient) are not exchanged. The ranks first
         agree on the layout, so ranks whose gradients differ fail together with a clear
-        error. Returns the frontend's step sum."""
+        error. ``finite=False``: another gradient of this rank's step overflowed (every rank
+        then raises NonFiniteGradientError, as for an overflow here). Returns the frontend's
+        step sum."""
         if self.keys is None:
             keys = sorted(recorded, key=key_order)
             frozen_here = frozen
@@ -75,10 +77,10 @@ class Bucket:
         flat = None
         if hasattr(pipeline, "step_sparse"):
             # A sparsifier's memory reads the gradients where they are (no fused copy).
-            summed = pipeline.step_sparse([arrays.flat(g) for g in gradients], tag=layout.tag)
+            summed = pipeline.step_sparse([arrays.flat(g) for g in gradients], tag=layout.tag, finite=finite)
         else:
             flat = self.buffer.fuse(layout, gradients)
-            summed = pipeline.step(flat, tag=layout.tag)
+            summed = pipeline.step(flat, tag=layout.tag, finite=finite)
         return arrays.step_sum(layout, {k: recorded[k] for k in keys}, summed, frozen_here, like=flat)
 
     @property

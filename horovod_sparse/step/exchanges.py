@@ -90,9 +90,12 @@ class StepExchanges:
         elif self.schedule != "after_backward":
             self._trace.arrived(key)
 
-    def finish(self, recorded, frozen):
+    def finish(self, recorded, frozen, finite=True):
         """The step's sums (``write(key, scale)``): wait for the planned buckets, or exchange
-        the whole step now (and, once enough steps are profiled, plan). Collective."""
+        the whole step now (and, once enough steps are profiled, plan). Collective.
+        ``finite=False``: another gradient of this rank's step (one Horovod carries) overflowed,
+        so the whole step's exchange is skipped on every rank; planned buckets have gone out
+        before it is known, each checking only its own gradients."""
         if self._channels is not None:
             try:
                 results = self._channels.finish(recorded, frozen)
@@ -105,7 +108,7 @@ class StepExchanges:
             return results
         backward_end = time.perf_counter()
         try:
-            results = self._whole_step.exchange(recorded, frozen, self.comm, self.algorithm.name)
+            results = self._whole_step.exchange(recorded, frozen, self.comm, self.algorithm.name, finite)
         except NonFiniteGradientError:  # nor a profiled step: its arrivals are not kept
             self._trace.discard_step()
             raise

@@ -92,20 +92,26 @@ class InOrderHostExchanges:
         self._token = None                  # orders the exchanges inside tf.function
         self._chain = GraphExchangeChain()  # orders them in a plain (TF1-style) graph
 
-    def run(self, exchange, recorded, layout, sparse=False, on_device=False, ready=None):
+    def run(self, exchange, recorded, layout, sparse=False, on_device=False, ready=None, carried=None):
         """Trace one exchange of the gradients ``recorded`` (``[(key, tensor)]``, laid out by
         ``layout``). ``exchange(pieces)`` gets one flat piece per gradient (numpy arrays, or TF
         tensors with ``on_device``) and returns each gradient's part of the sum, in layout order:
         ``(indices, values)`` with ``sparse``, else a float32 array of the gradient's size.
         With ``ready`` (tensors), the call takes those instead of the gradients, and
         ``exchange`` gets None: the gradients went to the exchange by other calls
-        (:mod:`~horovod_sparse.tensorflow.planned_step`). Returns ``{key: BucketPart}``."""
+        (:mod:`~horovod_sparse.tensorflow.planned_step`). With ``carried`` (the step's gradients
+        that Horovod carries as they are), it is ``exchange(pieces, finite)``: whether they are
+        all finite on this rank (an overflow there skips the exchange too). Returns
+        ``{key: BucketPart}``."""
         pieces = [tf.reshape(g, [-1]) for _, g in recorded] if ready is None else list(ready)
         count = len(recorded)
+        if carried is not None:  # one bool after the pieces
+            pieces.append(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in carried] or [True]))
         kinds = [tf.int64, tf.float32] if sparse else [tf.float32]
 
         def call(*args):  # the pieces (or what the call waits for), then what orders the call
-            parts = exchange(list(args[:count]) if ready is None else None)
+            given = list(args[:count]) if ready is None else None
+            parts = exchange(given) if carried is None else exchange(given, bool(args[count]))
             flat = []
             for part in parts:
                 flat.extend(part if sparse else (part,))

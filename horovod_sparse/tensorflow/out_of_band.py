@@ -136,7 +136,7 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         if step is None:  # wfbp, or no gradient list in sight: the bucket is what Horovod hands over
             self._recorded.append((key, tensor))
         else:
-            self._exchange_step(step)
+            self._exchange_step(*step)
         return probe, ("sparse", key)
 
     def decompress(self, tensor, ctx):
@@ -156,27 +156,31 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
 
     @tf.autograph.experimental.do_not_convert
     def _step_gradients(self, tensor):
-        """``[(key, gradient)]`` of every gradient of the step that goes through the pipeline,
-        read from Horovod's gradient list (None outside Horovod's gradient allreduce)."""
+        """``([(key, gradient)], carried)``: every gradient of the step that goes through the
+        pipeline, and the float ones Horovod carries as they are (small: their overflow skips
+        the exchange too), read from Horovod's gradient list (None outside Horovod's gradient
+        allreduce)."""
         found = horovod_gradients(tensor)
         if found is None:
             return None
-        return [(key, g) for key, g in found
-                if isinstance(g, tf.Tensor) and not self.goes_dense(g)]
+        gradients = [(key, g) for key, g in found if isinstance(g, tf.Tensor)]
+        return ([(key, g) for key, g in gradients if not self.goes_dense(g)],
+                [g for _, g in gradients if self.goes_dense(g) and g.dtype.is_floating])
 
-    def _exchange_step(self, step):
+    def _exchange_step(self, step, carried):
         """Trace the whole step's exchange now, at its first gradient's ``compress``, in the graph
         around Horovod's per-gradient ``tf.cond``s (each ``decompress`` then takes its part from
         there): one exchange after backward, whatever Horovod's grouping, as in PyTorch. The
         pipeline is the layout's, chosen when the step runs: a step with another set of
-        gradients (a trace where a variable has none) moves their state by key."""
+        gradients (a trace where a variable has none) moves their state by key. An overflow in a
+        ``carried`` gradient (one Horovod carries as it is) skips the exchange too."""
         layout = GradientLayout([(key, self.ops.shape(g), self.ops.dtype_name(g)) for key, g in step])
         with outermost_graph().as_default():
             if self.planned is None:
-                self._results.update(self._trace_exchange(self._step_pipeline, step, layout))
+                self._results.update(self._trace_exchange(self._step_pipeline, step, layout, carried))
             else:
                 self._results.update(self.planned.trace(self._in_order, step, layout, self.algorithm.sparse_result,
-                                                        self._on_device(step)))
+                                                        self._on_device(step), carried))
         self._step_graph = outermost_graph()
 
     def _step_pipeline(self, layout):
@@ -196,24 +200,25 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         pipeline = self.pipeline_for(tuple(key for key, _ in recorded), layout)
         self._results.update(self._trace_exchange(lambda _: pipeline, recorded, layout))
 
-    def _trace_exchange(self, pipeline_of, recorded, layout):
+    def _trace_exchange(self, pipeline_of, recorded, layout, carried=()):
         """Trace one exchange of ``recorded`` through ``pipeline_of(layout)``: a sparsifier reads
         the pieces in place and returns its pairs; the other pipelines get them fused into one
         float32 buffer and return the dense sum. Returns ``{key: BucketPart}``."""
         sparse = self.algorithm.sparse_result
 
-        def exchange(pieces):
+        def exchange(pieces, finite):
             pipeline = pipeline_of(layout)
             try:
                 if sparse:
-                    return sparse_parts(layout, *pipeline.step_sparse(pieces, tag=layout.tag))
-                summed = pipeline.step(concat_float32(pieces), tag=layout.tag)
+                    return sparse_parts(layout, *pipeline.step_sparse(pieces, tag=layout.tag, finite=finite))
+                summed = pipeline.step(concat_float32(pieces), tag=layout.tag, finite=finite)
             except NonFiniteGradientError as error:
                 return self.nonfinite_parts(error, layout)
             # TensorFlow keeps what the host call returns without copying it: not a reused buffer
             return dense_parts(layout, summed if pipeline.fresh_result else copy_of(summed))
 
-        return self._in_order.run(exchange, recorded, layout, sparse=sparse, on_device=self._on_device(recorded))
+        return self._in_order.run(exchange, recorded, layout, sparse=sparse, on_device=self._on_device(recorded),
+                                  carried=list(carried))
 
     def nonfinite_parts(self, error, layout):
         """The parts of a step whose gradient overflowed on some rank (every rank is here: the

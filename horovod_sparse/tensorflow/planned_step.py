@@ -48,9 +48,11 @@ class PlannedStep:
         self._lock = threading.Lock()
         self._recorded = None  # key -> gradient (numpy, or eager tensor) this step; None between steps
 
-    def trace(self, in_order, step, layout, sparse, on_device):
+    def trace(self, in_order, step, layout, sparse, on_device, carried=()):
         """Trace the step's arrivals and its collecting call for the gradients ``step``
-        (``[(key, tensor)]``, laid out by ``layout``); returns ``{key: BucketPart}``."""
+        (``[(key, tensor)]``, laid out by ``layout``; ``carried``: the step's gradients Horovod
+        carries as they are, whose overflow skips the step's exchange too); returns
+        ``{key: BucketPart}``."""
         arrivals = []
         for key, g in reversed(step):  # backward's order: the last variable's gradient comes first
             piece = tf.reshape(g, [-1])
@@ -60,8 +62,8 @@ class PlannedStep:
                 arrival = tf.numpy_function(functools.partial(self.arrive, key), [piece], tf.int64,
                                             stateful=False)
             arrivals.append(arrival)
-        return in_order.run(lambda _: self.collect(layout), step, layout, sparse=sparse, on_device=on_device,
-                            ready=arrivals)
+        return in_order.run(lambda _, finite: self.collect(layout, finite), step, layout, sparse=sparse,
+                            on_device=on_device, ready=arrivals, carried=list(carried))
 
     def arrive(self, key, piece):
         """One gradient handed to the runtime (in its arrival call): a bucket it completes
@@ -74,12 +76,12 @@ class PlannedStep:
             self.exchanges.arrived(key, self._recorded, {})
         return np.int64(0)
 
-    def collect(self, layout):
+    def collect(self, layout, finite=True):
         """Every gradient's part of the step's sum, in ``layout``'s order (in the collecting call)."""
         with self._lock:
             recorded, self._recorded = self._recorded or {}, None
         try:
-            results = self.exchanges.finish(recorded, {})
+            results = self.exchanges.finish(recorded, {}, finite)
         except NonFiniteGradientError as error:
             return self.nonfinite_parts(error, layout)
         return [results.part(e.key) for e in layout.entries]

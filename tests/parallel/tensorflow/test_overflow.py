@@ -41,17 +41,19 @@ def flat(model):
     return np.concatenate([w.numpy().ravel() for w in model.trainable_variables])
 
 
-def train(spec, steps, bad_steps=()):
+def train(spec, steps, bad_steps=(), bias_only=False):
     """Tape steps, each applied (the way LossScaleOptimizer does) only if every reduced gradient
-    is finite; the decision is checked to be the same on every rank."""
+    is finite; the decision is checked to be the same on every rank. ``bias_only``: the bad
+    steps overflow in the last (small) bias's gradient only, which Horovod carries as it is."""
     model, compression = make_model(), hvds.Compression.from_spec(spec)
     opt = tf.keras.optimizers.SGD(0.05, momentum=0.9)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
-    def gradients(x, y):
+    def gradients(x, y, poison):
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
+            # poison * bias: an inf there reaches the bias's gradient alone
+            loss = loss_fn(y, model(x, training=True)) + tf.reduce_sum(poison * model.layers[-1].bias)
         tape = hvd.DistributedGradientTape(tape, compression=compression)
         grads = tape.gradient(loss, model.trainable_variables)
         return grads, tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
@@ -60,7 +62,9 @@ def train(spec, steps, bad_steps=()):
     hvd.broadcast_variables(model.variables, root_rank=0)
     applied = []
     for step in steps:
-        grads, finite = gradients(*batch(step, bad_steps))
+        x, y = batch(step, () if bias_only else bad_steps)
+        bad_here = bias_only and step in bad_steps and hvd.rank() == step % hvd.size()
+        grads, finite = gradients(x, y, tf.constant(np.inf if bad_here else 0.0, tf.float32))
         decisions = allgather_int64(communicator_of(None), [int(finite)])[:, 0]
         assert len(set(decisions.tolist())) == 1, f"ranks disagree on the overflow: {decisions}"
         if bool(finite):
@@ -84,6 +88,19 @@ def test_an_overflow_skips_that_step_only(spec, assert_identical_across_ranks):
     assert applied == [s not in BAD_STEPS for s in range(STEPS)], "a step after the overflow was skipped too"
     oracle, oracle_compression, _ = train(spec, [s for s in range(STEPS) if s not in BAD_STEPS])
     assert np.array_equal(flat(model), flat(oracle)), "the run with overflows differs from the run without them"
+    assert same_state(compression.state_dict(), oracle_compression.state_dict())
+    assert_identical_across_ranks(flat(model))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", ["topk:density=0.05", "qsgd", "dense"])
+def test_an_overflow_in_a_gradient_horovod_carries_skips_the_exchange_too(spec, assert_identical_across_ranks):
+    """Only one rank's small bias overflows (Horovod sums it as it is): the compressor's state
+    must not move on either, or it would keep gradients at the overflowed loss scale."""
+    model, compression, applied = train(spec, range(STEPS), BAD_STEPS, bias_only=True)
+    assert applied == [s not in BAD_STEPS for s in range(STEPS)]
+    oracle, oracle_compression, _ = train(spec, [s for s in range(STEPS) if s not in BAD_STEPS])
+    assert np.array_equal(flat(model), flat(oracle))
     assert same_state(compression.state_dict(), oracle_compression.state_dict())
     assert_identical_across_ranks(flat(model))
 

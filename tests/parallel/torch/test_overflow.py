@@ -48,10 +48,14 @@ def flat(model):
 
 
 def poison(model, how):
-    """Make this rank's gradient overflow this step: a non-finite input (every gradient), or an
-    inf in one large weight's gradient only (only the compressor can tell the others)."""
+    """Make this rank's gradient overflow this step: a non-finite input (every gradient), an
+    inf in one large weight's gradient only (only the compressor can tell the others), or in
+    one small bias's only (it rides Horovod's own allreduce, beside the compressor's exchange)."""
     if how == "one_weight":
         handle = model[2].weight.register_hook(lambda g: g.index_fill(1, torch.tensor([3]), float("inf")))
+        return handle.remove
+    if how == "one_bias":
+        handle = model[4].bias.register_hook(lambda g: g.index_fill(0, torch.tensor([1]), float("inf")))
         return handle.remove
     return None
 
@@ -115,11 +119,14 @@ def test_an_overflow_skips_that_step_only(name, assert_identical_across_ranks):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", ["topk", "qsgd", "powersgd"])
-def test_an_overflow_only_the_compressor_can_see(name, assert_identical_across_ranks):
-    """Only one rank's large gradient overflows (no other gradient shows it): the result is NaN
-    on every rank for the compressor's gradients, so every rank's scaler skips the step."""
-    model, compression, applied = train(name, range(5), bad_steps=(3,), how="one_weight")
+@pytest.mark.parametrize("name", ["topk", "qsgd", "powersgd", "dense"])
+@pytest.mark.parametrize("how", ["one_weight", "one_bias"])
+def test_an_overflow_in_one_gradient(name, how, assert_identical_across_ranks):
+    """Only one gradient of one rank overflows: a large one (only the compressor can tell the
+    other ranks; its result is NaN on every rank) or a small one that Horovod carries as it is
+    (the compressor's exchange is skipped all the same, so that its state does not take in
+    gradients at the overflowed loss scale): every rank's scaler skips the step, and only it."""
+    model, compression, applied = train(name, range(5), bad_steps=(3,), how=how)
     assert applied == [True, True, True, False, True]
     oracle, _, _ = train(name, [0, 1, 2, 4])
     assert np.array_equal(flat(model), flat(oracle))
