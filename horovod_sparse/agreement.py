@@ -17,21 +17,19 @@ import time
 
 import numpy as np
 
-_COMMS = {}
+from horovod_sparse.world import process_set_communicator
 
 
 def communicator_of(process_set=None):
-    """A private mpi4py communicator of the ranks of ``process_set`` (None: all ranks), in the
-    set's rank order; made once per set (collective over the set's ranks only).
+    """A private mpi4py communicator of the ranks of the Horovod ``process_set`` (None: all of
+    Horovod's ranks), in the set's rank order; made once per set (collective over the set's
+    ranks only). Horovod's ranks, not mpi4py's ``COMM_WORLD``: Horovod may run on a part of
+    it (:mod:`horovod_sparse.world`, which raises ``HorovodWorldError`` on every rank where
+    Horovod's ranks are not MPI processes of this job).
 
     Example: ``communicator_of(None).Get_size() == hvd.size()``.
     """
-    from mpi4py import MPI  # late: importing the library must not start MPI
-    ranks = None if process_set is None else tuple(int(r) for r in process_set.ranks)
-    if ranks not in _COMMS:
-        world = MPI.COMM_WORLD
-        _COMMS[ranks] = world.Dup() if ranks is None else world.Create_group(world.Get_group().Incl(list(ranks)))
-    return _COMMS[ranks]
+    return process_set_communicator(process_set)
 
 
 def allgather_int64(comm, values):

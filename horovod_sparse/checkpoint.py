@@ -39,7 +39,10 @@ READABLE_FORMATS = (1, state_format.FORMAT)
 def gather_state(compression, comm=None, root=0):
     """Every rank's ``compression.state_dict()`` on ``root`` as ``{"format", "world_size",
     "compressor", "algorithm", "ranks": [state of rank 0, ...]}``; None on the other ranks.
-    Collective; a rank whose state cannot be saved makes every rank raise the same ValueError."""
+    Collective over ``comm``: by default Horovod's ranks, in Horovod's order
+    (:func:`~horovod_sparse.agreement.communicator_of`; not mpi4py's ``COMM_WORLD``, of which
+    Horovod may hold a part); a rank whose state cannot be saved makes every rank raise the
+    same ValueError."""
     comm = communicator_of(None) if comm is None else comm
     blob, problem = np.empty(0, np.uint8), None
     try:
@@ -61,7 +64,8 @@ def gather_state(compression, comm=None, root=0):
 
 def scatter_state(compression, state, comm=None, root=0, reset_on_resize=False):
     """Load rank r's part of ``state`` (what :func:`gather_state` returned, given on ``root``;
-    ignored elsewhere) into ``compression`` on every rank r. Collective.
+    ignored elsewhere) into ``compression`` on every rank r (Horovod's rank r, unless ``comm``
+    says otherwise, as in :func:`gather_state`). Collective.
 
     Raises the same ValueError on every rank if the state is malformed, was saved for another
     compressor, or was saved on another number of ranks (unless ``reset_on_resize``: then

@@ -1,6 +1,7 @@
 """The errors every rank raises together: bad or inconsistent input to an exchange
 (:class:`ExchangeError`), and a step skipped for a loss scaler's overflow
-(:class:`NonFiniteGradientError`). Here, outside :mod:`horovod_sparse.exchange`, so that a
+(:class:`NonFiniteGradientError`), and a launch whose Horovod ranks are not one MPI job's
+processes (:class:`HorovodWorldError`). Here, outside :mod:`horovod_sparse.exchange`, so that a
 frontend can catch them without importing mpi4py (importing a frontend starts no MPI)."""
 
 
@@ -27,3 +28,12 @@ class NonFiniteGradientError(ExchangeError):
     def __init__(self, message, ranks=()):
         super().__init__(message)
         self.ranks = tuple(int(r) for r in ranks)
+
+
+class HorovodWorldError(RuntimeError):
+    """Horovod's ranks cannot be mapped onto one MPI job's processes, so the exchanges over
+    mpi4py cannot run among them. Raised on every rank of the Horovod job.
+
+    Example: ``horovodrun --gloo -np 2 python train.py`` with a ``topk`` compressor raises it
+    at the first step, on both ranks.
+    """

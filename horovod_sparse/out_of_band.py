@@ -52,9 +52,12 @@ class OutOfBandCompressorBase:
 
     @property
     def comm(self):
+        """The exchanges' communicator: the caller's process set's, once a frontend has set it,
+        else Horovod's whole world (:func:`~horovod_sparse.agreement.communicator_of`), never
+        mpi4py's ``COMM_WORLD`` as such (Horovod may run on a part of it)."""
         if self._comm is None:
-            from mpi4py import MPI
-            self._comm = MPI.COMM_WORLD
+            from horovod_sparse.agreement import communicator_of
+            self._comm = communicator_of(None)
         return self._comm
 
     @property

@@ -27,6 +27,7 @@ PARALLEL_GROUPS = {
     "quantize": [2, 3, 4],
     "torch": [2, 3, 4],
     "tensorflow": [2, 3, 4],
+    "worlds": [4],  # several Horovod jobs inside one mpirun: its scenarios name four processes
 }
 MPIRUN_WALL_SECONDS = 900
 

@@ -360,7 +360,8 @@ class StepBench:
         self.hvd = self.init_horovod()
         from mpi4py import MPI   # after hvd.init(): Horovod initialises MPI (thread multiple)
         self.MPI = MPI
-        self.comm = MPI.COMM_WORLD.Dup()   # ours alone, beside Horovod's
+        from horovod_sparse.agreement import communicator_of
+        self.comm = communicator_of(None).Dup()   # Horovod's ranks, ours alone beside Horovod's
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.partial = {}   # spec -> this model's record, accumulated over the rounds
 

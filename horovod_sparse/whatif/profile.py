@@ -121,8 +121,8 @@ class _Ranks:
             import horovod.torch as hvd
             hvd.init()
             if hvd.size() > 1:
-                from mpi4py import MPI   # after hvd.init(): Horovod initialises MPI
-                self.comm = MPI.COMM_WORLD.Dup()
+                from horovod_sparse.agreement import communicator_of  # Horovod's ranks, after hvd.init()
+                self.comm = communicator_of(None).Dup()
                 self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
 
     def barrier(self):

@@ -1,0 +1,221 @@
+"""Horovod's world as an mpi4py communicator.
+
+The out-of-band exchanges run over mpi4py beside Horovod's own allreduce, so they must run
+among exactly Horovod's ranks, in Horovod's rank order. mpi4py's ``COMM_WORLD`` is that
+world only when Horovod was initialised on all of it, in its order (``hvd.init()`` under
+``mpirun`` or ``horovodrun``). Not so:
+
+- ``hvd.init(comm=MPI.COMM_WORLD.Split(...))`` or ``hvd.init(comm=[3, 1, 2])``: several
+  Horovod jobs inside one MPI job, or Horovod's ranks in another order; a sum over
+  ``COMM_WORLD`` would add the other jobs' gradients in, silently;
+- ``horovodrun --gloo``, elastic Horovod: mpi4py's world is each process alone, and a sum
+  over it is this rank's gradient only, silently.
+
+:func:`horovod_world` is a private communicator of exactly Horovod's ranks (its rank r is
+``hvd.rank()`` r), made once; :func:`process_set_communicator` the same for a Horovod process
+set. Where Horovod's ranks are not the processes of one MPI job, every rank raises
+:class:`HorovodWorldError`, which says how to launch instead; no exchange runs on a wrong world.
+
+Example::
+
+    hvd.init(comm=MPI.COMM_WORLD.Split(color=MPI.COMM_WORLD.rank // 2, key=MPI.COMM_WORLD.rank))
+    comm = horovod_world()
+    assert (comm.Get_size(), comm.Get_rank()) == (hvd.size(), hvd.rank())
+"""
+import os
+import sys
+import zlib
+
+import numpy as np
+
+from horovod_sparse.errors import HorovodWorldError  # noqa: F401  (raised here; importable from here too)
+
+#: the Horovod frontends this package runs behind, in the order they are looked for
+FRONTENDS = ("horovod.torch", "horovod.tensorflow")
+
+#: environment variables naming the MPI job a process belongs to (the same on all its ranks)
+JOB_VARIABLES = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "PMI_JOBID")
+
+_COMMS = {}  # (frontend or "mpi", Horovod ranks of the set or None) -> communicator
+
+
+def mpi_world():
+    """mpi4py's ``COMM_WORLD``: the MPI job this process belongs to (a function, so that a test
+    can show the module another world, as ``horovodrun --gloo`` would).
+
+    Example: ``mpi_world().Get_size()`` is 4 under ``mpirun -np 4``.
+    """
+    from mpi4py import MPI  # late: importing the library must not start MPI
+    return MPI.COMM_WORLD
+
+
+def horovod_frontend():
+    """The initialised Horovod frontend module (``horovod.torch`` or ``horovod.tensorflow``),
+    or None where neither is imported and initialised (the library used without Horovod).
+    Only modules already imported are looked at: this imports no framework.
+
+    Example: after ``import horovod.torch as hvd; hvd.init()``, ``horovod_frontend() is hvd``.
+    """
+    for name in FRONTENDS:
+        module = sys.modules.get(name)
+        is_initialized = getattr(module, "is_initialized", None)
+        if is_initialized is not None and is_initialized():
+            return module
+    return None
+
+
+def horovod_world():
+    """A private mpi4py communicator of exactly Horovod's ranks, rank r being ``hvd.rank()`` r;
+    without an initialised Horovod, a duplicate of ``COMM_WORLD``. Made once (collective over
+    Horovod's ranks, the first time only); :class:`HorovodWorldError` on every rank where
+    Horovod's ranks are not processes of this MPI job.
+
+    Example: ``horovod_world().Get_size() == hvd.size()``.
+    """
+    hvd = horovod_frontend()
+    key = (_name(hvd), None)
+    if key not in _COMMS:
+        _COMMS[key] = mpi_world().Dup() if hvd is None else _world_of(hvd)
+    return _COMMS[key]
+
+
+def process_set_communicator(process_set=None):
+    """A private mpi4py communicator of the ranks of the Horovod ``process_set`` (None or the
+    global set: :func:`horovod_world`), in the set's rank order. Its ranks are Horovod's,
+    mapped through Horovod's world; collective over the set's ranks only, made once per set.
+    Without an initialised Horovod the set's ranks are ``COMM_WORLD``'s.
+
+    Example: in a Horovod job of ranks 0..3, ``process_set_communicator(hvd.ProcessSet([1, 3]))``
+    is, on Horovod ranks 1 and 3, a communicator of size 2 whose rank 1 is Horovod's rank 3.
+    """
+    hvd = horovod_frontend()
+    ranks = None if process_set is None else tuple(int(r) for r in process_set.ranks)
+    if ranks is None or (hvd is not None and ranks == tuple(range(hvd.size()))):
+        return horovod_world()
+    key = (_name(hvd), ranks)
+    if key not in _COMMS:
+        world = _COMMS.get((_name(hvd), None))
+        if hvd is None:
+            _COMMS[key] = _create(mpi_world(), ranks)
+        elif world is not None:
+            _COMMS[key] = _create(world, ranks)
+        else:  # Horovod's world is not mapped yet, and only the set's ranks are here: ask Horovod over the set
+            _refuse_larger_than_mpi(hvd)
+            _COMMS[key] = _create(mpi_world(), _mpi_ranks(hvd, process_set, len(ranks)))
+    return _COMMS[key]
+
+
+def forget():
+    """Free every communicator made here, so that the next call maps Horovod's world again:
+    for a Horovod initialised anew (``hvd.shutdown()``, then ``hvd.init(comm=...)``).
+    Collective, like ``MPI_Comm_free``: every rank that made them calls it.
+
+    Example: ``hvd.shutdown(); forget(); hvd.init(comm=[0, 2])``.
+    """
+    from mpi4py import MPI
+    while _COMMS:
+        _, comm = _COMMS.popitem()
+        if comm != MPI.COMM_NULL:
+            comm.Free()
+
+
+def _name(hvd):
+    return "mpi" if hvd is None else hvd.__name__
+
+
+def _world_of(hvd):
+    """Horovod's world: a Split of mpi4py's world when Horovod holds every MPI process, else
+    the group of the MPI ranks Horovod's own allgather names."""
+    mpi = mpi_world()
+    size, rank = hvd.size(), hvd.rank()
+    _refuse_larger_than_mpi(hvd)
+    if size < mpi.Get_size():
+        return _create(mpi, _mpi_ranks(hvd, None, size))
+    comm = mpi.Split(0, key=rank)  # every MPI process is in this Horovod job: all call it
+    # Each rank checks the same table: the Split's order is Horovod's only if the keys were
+    # Horovod's ranks 0..P-1 of one job (they are not if the MPI processes are not Horovod's).
+    table = _allgather(comm, [rank, size])
+    if not (np.array_equal(table[:, 0], np.arange(size)) and np.all(table[:, 1] == size)):
+        comm.Free()
+        raise HorovodWorldError(_launch_hint(
+            f"mpi4py's world has {size} processes like Horovod, but they are not Horovod's ranks "
+            f"0..{size - 1} of one Horovod job"))
+    return comm
+
+
+def _refuse_larger_than_mpi(hvd):
+    """Raise where Horovod has more ranks than mpi4py's world (a gloo or elastic launch): each
+    rank concludes it alone, from sizes that are the same on every rank of the job."""
+    size, mpi_size = hvd.size(), mpi_world().Get_size()
+    if size > mpi_size:
+        raise HorovodWorldError(_launch_hint(
+            f"Horovod has {size} ranks but mpi4py's world only {mpi_size} process(es): Horovod was "
+            "not launched through MPI"))
+
+
+def _mpi_ranks(hvd, process_set, count):
+    """The ``COMM_WORLD`` ranks of the set's (None: the world's) Horovod ranks, in Horovod's
+    order: one Horovod allgather, over the set, of each rank's (MPI rank, MPI size, MPI job).
+    Every rank checks the same table, so all go on or all raise."""
+    mpi = mpi_world()
+    table = _horovod_allgather(hvd, [mpi.Get_rank(), mpi.Get_size(), _job_fingerprint()], process_set)
+    ranks, sizes, jobs = table[:, 0], table[:, 1], table[:, 2]
+    problem = None
+    if table.shape[0] != count:
+        problem = f"Horovod's allgather returned {table.shape[0]} ranks, not {count}"
+    elif np.any(jobs != jobs[0]) or np.any(sizes != sizes[0]):
+        problem = "Horovod's ranks belong to different MPI jobs"
+    elif np.unique(ranks).size != ranks.size or np.any(ranks < 0) or np.any(ranks >= sizes[0]):
+        problem = f"Horovod's ranks are MPI ranks {ranks.tolist()} of an MPI world of {sizes[0]}, not distinct ones"
+    if problem is not None:
+        raise HorovodWorldError(_launch_hint(problem))
+    return [int(r) for r in ranks]
+
+
+def _horovod_allgather(hvd, row, process_set):
+    """Every rank's ``row`` (ints) as an int64 array, row i from the set's rank i: Horovod's own
+    allgather (eager in TensorFlow, lifted out of any trace)."""
+    name = f"horovod_sparse.world.{getattr(process_set, 'process_set_id', 0)}"
+    process_set = hvd.global_process_set if process_set is None else process_set
+    if hvd.__name__ == "horovod.torch":
+        import torch
+        return hvd.allgather(torch.tensor([row], dtype=torch.int64), name=name, process_set=process_set).numpy()
+    import tensorflow as tf
+    with tf.init_scope():
+        if not tf.executing_eagerly():
+            raise HorovodWorldError(_launch_hint(
+                "Horovod's world is a part of mpi4py's, and a TensorFlow graph without eager "
+                "execution cannot run the allgather that maps it"))
+        return hvd.allgather(tf.constant([row], tf.int64), name=name, process_set=process_set).numpy()
+
+
+def _create(comm, ranks):
+    """A communicator of ``comm``'s ``ranks``, in that order (collective over them only)."""
+    group = comm.Get_group().Incl(list(ranks))
+    try:
+        return comm.Create_group(group)
+    finally:
+        group.Free()
+
+
+def _allgather(comm, row):
+    mine = np.asarray(row, dtype=np.int64)
+    table = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
+    comm.Allgather(mine, table)
+    return table
+
+
+def _job_fingerprint():
+    """A number naming this process's MPI job (0 where the launcher names none): ranks of
+    different jobs cannot share a communicator, whatever their ranks."""
+    for variable in JOB_VARIABLES:
+        if os.environ.get(variable):
+            return zlib.crc32(f"{variable}={os.environ[variable]}".encode())
+    return 0
+
+
+def _launch_hint(why):
+    return (f"horovod_sparse exchanges over mpi4py among Horovod's ranks, and cannot map them onto "
+            f"MPI processes: {why}. Launch the job through MPI: `horovodrun -np N ...` with Horovod's "
+            "MPI controller (not --gloo, nor elastic mode), or `mpirun -np N ...`; hvd.init(comm=...) "
+            "with an MPI sub-communicator or a list of COMM_WORLD ranks works too")
