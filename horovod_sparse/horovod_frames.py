@@ -83,6 +83,31 @@ class OneOptimizer:
         self.name = name
         self._owner = None  # a weak reference: the compressor must not keep an optimizer alive
 
+    @property
+    def optimizer(self):
+        """The optimizer the compressor belongs to (None before its first step, or once gone)."""
+        return None if self._owner is None else self._owner()
+
+    def abandon_step(self):
+        """Before an error escapes ``decompress`` (``nonfinite="raise"``): wait for the allreduces
+        PyTorch's Horovod optimizer still has in flight for this step and forget them, as the end
+        of its ``synchronize()`` would, so that the caller can skip the step and go on
+        (``zero_grad()`` refuses to run while handles are left). Every rank does the same."""
+        optimizer = self.optimizer
+        handles = getattr(optimizer, "_handles", None)
+        if not handles:
+            return
+        from horovod.torch.mpi_ops import synchronize  # PyTorch's optimizer only: it keeps _handles
+        for key, (handle, _) in handles.items():
+            if handle is not None and not callable(handle):
+                synchronize(handle)  # a no-op for those already waited for
+            for p in key if isinstance(key, tuple) else (key,):  # synchronize()'s own bookkeeping
+                optimizer._allreduce_delay[p] = optimizer.backward_passes_per_step
+        if getattr(optimizer, "_groups", None) is not None:
+            optimizer._group_counts = {group: 0 for group in optimizer._group_counts}
+        handles.clear()
+        optimizer._synchronized = True
+
     def check(self, optimizer):
         if optimizer is None:
             return

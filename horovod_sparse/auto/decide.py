@@ -28,6 +28,7 @@ training) is stated in docs/auto.md.
     plans = make_plans(profile, costs, ["fp16", "topk:density=0.01"], dense_below=1024)
     trials = shortlist(plans, profile, costs, prune=1.5, max_trials=4)  # [(name, plan, predicted s)]
 """
+import math
 from dataclasses import dataclass, field
 
 from horovod_sparse import registry
@@ -200,5 +201,8 @@ def check_candidates(candidates, min_density, min_rank):
 
 def guard_violations(ratios, bound):
     """Keys whose residual norm over gradient norm (``{key: ratio}``, the slowest rank's) is
-    above ``bound``, sorted: their error feedback no longer keeps up (docs/auto.md)."""
-    return sorted((k for k, r in ratios.items() if r > bound), key=str)
+    above ``bound``, sorted: their error feedback no longer keeps up (docs/auto.md). A ratio
+    that is not finite is ignored: an inf or NaN comes from a norm past float's range (a loss
+    scaler's overflow), not from error feedback falling behind, and moving a gradient off its
+    candidate for it would throw away a plan the next finite step may well confirm."""
+    return sorted((k for k, r in ratios.items() if math.isfinite(r) and r > bound), key=str)

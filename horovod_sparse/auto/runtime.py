@@ -20,10 +20,20 @@ residual to its next gradient (:meth:`AutoRuntime.drained`); nothing is dropped.
 per-element state (momentum) starts afresh. ``report`` says what was measured, predicted and
 chosen, per gradient, and every re-plan.
 
+A step whose gradient overflowed on some rank (inf or NaN: a loss scaler's overflow,
+:mod:`horovod_sparse.nonfinite`) is no step: the frontend learns it on every rank at the same
+point, from what the step's collectives carry anyway (the candidates' agreement headers, the
+sums of Horovod's allreduce, a layout agreement), and calls :meth:`skip_step` instead of
+:meth:`end_step`. Nothing of auto's changes: no arrivals are profiled, no period is timed for
+a trial or the drift check, no counter moves, the guard sees nothing of it, and the residuals
+drained into its gradients wait for the next step; ``report["skipped_steps"]`` counts them.
+
 A frontend subclasses :class:`AutoRuntime`, runs each step's exchanges by :attr:`plan`, calls
-:meth:`start_step` and :meth:`end_step` around them, and implements the four hooks.
+:meth:`start_step` and :meth:`end_step` (or :meth:`skip_step`) around them, and implements the
+four hooks.
 """
 import logging
+import math
 import statistics
 import time
 
@@ -35,6 +45,7 @@ from horovod_sparse.auto.decide import (DEFAULT_CANDIDATES, DENSE_CHOICES, FP16,
                                         check_candidates, guard_violations, make_plans, shortlist)
 from horovod_sparse.checks import check_nonnegative_int, check_positive_int, check_positive_number
 from horovod_sparse.layout import key_order
+from horovod_sparse.nonfinite import check_nonfinite
 from horovod_sparse.out_of_band import DEFAULT_DENSE_BELOW
 from horovod_sparse.schedule.arrivals import ArrivalTrace
 from horovod_sparse.schedule.cost import CostModel
@@ -67,7 +78,8 @@ class AutoRuntime:
 
     def __init__(self, candidates=DEFAULT_CANDIDATES, dense_below=DEFAULT_DENSE_BELOW, min_density=0.01,
                  min_rank=1, max_residual_ratio=DEFAULT_MAX_RESIDUAL_RATIO, profile_steps=3, trial_steps=3,
-                 max_trials=5, prune=1.5, drift=0.2, check_every=20):
+                 max_trials=5, prune=1.5, drift=0.2, check_every=20, nonfinite="propagate"):
+        self.nonfinite = check_nonfinite(nonfinite)
         self.min_density = check_positive_number("min_density", min_density)
         self.min_rank = check_positive_int("min_rank", min_rank)
         self.candidates = check_candidates(candidates, self.min_density, self.min_rank)
@@ -88,8 +100,11 @@ class AutoRuntime:
         # the plan; new keys get the profiling choice
         self.plan = {}
         self.phase = "profiling"
-        self.report = {"phase": self.phase, "chosen": None, "per_choice": {}, "replans": [], "guard": []}
+        self.report = {"phase": self.phase, "chosen": None, "per_choice": {}, "replans": [], "guard": [],
+                       "skipped_steps": 0}
         self.drain = {}        # key -> residual (numpy) to add to its next gradient: it left a candidate
+        # this step's changes that a skipped step gives back: residuals drained, keys new to the plan
+        self._taken, self._new_keys = {}, []
         # measurements: arrivals while profiling, step periods while trying and settled
         self.trace = ArrivalTrace()
         self._trials = None
@@ -107,7 +122,11 @@ class AutoRuntime:
     def choice_for(self, key, numel):
         """The plan's choice for a float gradient of ``numel`` elements (a new key: the profiling
         choice, or ``"none"`` under ``dense_below``)."""
-        return self.plan.setdefault(key, self.profiling_choice if numel >= self.dense_below else NONE)
+        choice = self.plan.get(key)
+        if choice is None:
+            choice = self.plan[key] = self.profiling_choice if numel >= self.dense_below else NONE
+            self._new_keys.append(key)
+        return choice
 
     # -- the frontend's hooks ----------------------------------------------------------------
     def fit_costs(self, known, sizes):
@@ -144,17 +163,41 @@ class AutoRuntime:
             elif self.phase == "settled":
                 self._periods.append(now - self._step_began)
         self._step_began = now if self.phase != "profiling" else None
+        self._taken, self._new_keys = {}, []
 
     def drained(self, key):
-        """The residual a gradient left behind when its choice changed (numpy, flat), once; or None."""
-        return self.drain.pop(key, None)
+        """The residual a gradient left behind when its choice changed (numpy, flat), once; or None.
+        A skipped step gives it back (:meth:`skip_step`)."""
+        residual = self.drain.pop(key, None)
+        if residual is not None:
+            self._taken[key] = residual
+        return residual
 
-    def end_step(self, comm, sizes):
+    def skip_step(self, keep=()):
+        """The step now ending overflowed on some rank: it is no step (every rank calls this at the
+        same step, instead of :meth:`end_step`). Its arrivals are not profiled, its period is
+        timed for nothing (the next step's start records none), no counter moves, the plan
+        forgets the keys it met first in this step, and the residuals drained into its
+        gradients go back to wait for the next step, except those of ``keep``: gradients whose
+        exchange took theirs in before the overflow was known (an exchange that ran earlier in
+        the step; never, where the frontend learns the overflow before its first exchange)."""
+        for key, residual in self._taken.items():
+            if key not in keep:
+                self.drain[key] = residual
+        for key in self._new_keys:
+            self.plan.pop(key, None)
+        self._taken, self._new_keys = {}, []
+        self.trace.discard_step()
+        self._step_began = None
+        self.report["skipped_steps"] += 1
+
+    def end_step(self, comm, sizes, backward_end=None):
         """The phase's bookkeeping after the step's exchanges; ``sizes``: ``{key: elements}`` of
-        the step's float gradients. Collective: every rank, the same step."""
+        the step's float gradients; ``backward_end``: when backward ended (``time.perf_counter``;
+        None: now). Collective: every rank, the same step."""
         self.steps += 1
         if self.phase == "profiling":
-            self.trace.end_step()
+            self.trace.end_step(at=backward_end)
             if len(self.trace.steps) >= self.profile_steps:
                 self._make_plans(comm, sizes)
         elif self.phase == "trying":
@@ -252,6 +295,9 @@ class AutoRuntime:
         median step and every error-feedback gradient's residual ratio."""
         ratios = {key: float(np.linalg.norm(residual_of(fields))) / max(norm, 1e-30)
                   for key, (fields, norm) in self.checked_gradients().items() if residual_of(fields) is not None}
+        # a ratio that is not finite (a norm past float's range) says nothing: -inf loses to every
+        # other rank's ratio in the maximum, and the guard ignores one left non-finite
+        ratios = {key: r if math.isfinite(r) else -math.inf for key, r in ratios.items()}
         keys = sorted(ratios, key=key_order)
         window = statistics.median(self._periods) if self._periods else 0.0
         most, fewest = max_over_ranks(comm, [len(keys), -len(keys)])  # counts first: the next Allreduce's length
@@ -303,6 +349,7 @@ class AutoRuntime:
         self.plan, self.phase = dict(saved["plan"]), saved["phase"]
         self.trace, self._trials, self._step_began = ArrivalTrace(), None, None
         self._periods, self._baseline, self._settled_steps = [], None, 0
+        self._taken, self._new_keys = {}, []
         if saved.get("trials") is not None:
             t = saved["trials"]
             self._trials = PlanTrials(list(zip(t["names"], [dict(p) for p in t["plans"]])), self.trial_steps)
@@ -315,7 +362,7 @@ class AutoRuntime:
         return (f"candidates={self.candidates}, dense_below={self.dense_below}, min_density={self.min_density}, "
                 f"min_rank={self.min_rank}, max_residual_ratio={self.max_residual_ratio}, "
                 f"profile_steps={self.profile_steps}, trial_steps={self.trial_steps}, max_trials={self.max_trials}, "
-                f"prune={self.prune}, drift={self.drift}, check_every={self.check_every}")
+                f"prune={self.prune}, drift={self.drift}, check_every={self.check_every}, nonfinite={self.nonfinite}")
 
 
 def residual_of(fields):

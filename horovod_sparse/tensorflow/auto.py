@@ -10,7 +10,22 @@ ones) as they are, and a one-element probe for the others, whose exchange runs i
 chained in trace order as :class:`~horovod_sparse.tensorflow.out_of_band.TFOutOfBandCompressor`
 chains its own. Inside it the plan of the step applies, gradient by gradient, and can change
 between steps without a new trace.
+
+A loss scaler's overflow (:mod:`horovod_sparse.nonfinite`): at the step's first ``compress``
+the whole gradient list is read from Horovod's ``allreduce_grads(grads, vars)`` frame, and one
+host call, chained before the step's exchanges, hands the runtime whether each float gradient
+of the step is finite on this rank and its largest and smallest element (TensorFlow reduces
+each gradient to its sum, maximum and minimum, and looks at every element only when a sum is
+not finite), which the runtime judges by the step's plan (an fp16 gradient past float16's
+range overflows too). The ranks agree on it at the step's first exchange
+(:mod:`horovod_sparse.auto.host`); an overflowed step changes no state of auto's and
+every exchanged gradient's result is NaN on every rank (``nonfinite="propagate"``), or every
+rank raises (``"raise"``: inside the traced step, TensorFlow's error carries the message of
+:class:`~horovod_sparse.exchange.NonFiniteGradientError`). The first call of the step depends
+on every gradient then; it is the first variable's, which backward computes last, so it
+waited for nearly all of them already.
 """
+import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor as HorovodCompressor
 from horovod.tensorflow.mpi_ops import Adasum
@@ -21,9 +36,13 @@ from horovod_sparse.horovod_frames import check_caller
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.ops.tf_ops import TFOps
 from horovod_sparse.tensorflow.construction import refuse_inside_trace
-from horovod_sparse.tensorflow.gradient_keys import GradientKeys
+from horovod_sparse.tensorflow.gradient_keys import GradientKeys, horovod_gradients
 from horovod_sparse.ops.namespace import concat_float32
 from horovod_sparse.tensorflow.bucket_exchange import InOrderHostExchanges, dense_parts
+from horovod_sparse.tensorflow.graph_mode import outermost_graph
+
+#: the key of the step's verdict in its host call
+VERDICT_KEY = "(gradients finite, largest, smallest)"
 
 
 class _Auto:
@@ -36,7 +55,9 @@ class TFAutoCompressor(HorovodCompressor):
 
     Args: as :class:`~horovod_sparse.torch.auto.TorchAutoCompressor` (``candidates``,
     ``dense_below``, the guard's ``min_density``, ``min_rank``, ``max_residual_ratio``, and
-    ``profile_steps``, ``trial_steps``, ``max_trials``, ``prune``, ``drift``, ``check_every``).
+    ``profile_steps``, ``trial_steps``, ``max_trials``, ``prune``, ``drift``, ``check_every``,
+    ``nonfinite``: ``"propagate"`` or ``"raise"``, what a step whose gradient overflowed on some
+    rank gives: NaN results, or the error, with no state of auto's changed either way).
 
     Gradients are keyed as in :class:`~horovod_sparse.tensorflow.TFCompressor` (the variable's
     name under Horovod's gradient allreduce). Create it outside the traced step; every rank
@@ -59,6 +80,7 @@ class TFAutoCompressor(HorovodCompressor):
         self._in_order = InOrderHostExchanges()
         self._recorded = []                 # (key, gradient) compressed, not yet exchanged
         self._results = {}                  # key -> BucketPart, exchanged, not yet decompressed
+        self._checked = []                  # the gradient list whose verdict call is traced
 
     @property
     def auto_report(self):
@@ -73,12 +95,17 @@ class TFAutoCompressor(HorovodCompressor):
     def phase(self):
         return self.runtime.phase
 
+    @property
+    def nonfinite(self):
+        return self.runtime.nonfinite
+
     def compress(self, tensor, name=None):
         check_caller("auto", Adasum)
         if not self._agreed:
             self._agree_across_ranks()
             self._agreed = True
         key = self._keys.of(tensor, _Auto, name)
+        self._trace_verdict(tensor)
         if not tensor.dtype.is_floating or self.ops.numel(tensor) < self.runtime.dense_below:
             return tensor, ("dense", None)
         self._recorded.append((key, tensor))
@@ -102,6 +129,42 @@ class TFAutoCompressor(HorovodCompressor):
     @tf.autograph.experimental.do_not_convert
     def _agree_across_ranks(self):
         check_same_on_every_rank(self.runtime.settings(), communicator_of(None), "auto settings")
+
+    @tf.autograph.experimental.do_not_convert
+    def _trace_verdict(self, tensor):
+        """At the step's first ``compress``, trace the host call that hands the runtime, per
+        float gradient of the step, whether it is finite and its largest and smallest element,
+        in the graph around Horovod's ``tf.cond``s and chained before the step's exchanges
+        (module docstring). Nothing where no gradient list is in sight: each exchange then
+        judges its own gradients."""
+        if any(g is tensor for g in self._checked):
+            return
+        found = horovod_gradients(tensor)
+        if found is None:
+            return
+        self._checked = [g for _, g in found if g is not None]
+        named = [(key, g) for key, g in found if g is not None and g.dtype.is_floating]
+        if not named:
+            return
+        keys = [key for key, _ in named]
+        values = [g.values if isinstance(g, tf.IndexedSlices) else g for _, g in named]
+        sizes = [None if isinstance(g, tf.IndexedSlices) else g.shape.num_elements() for _, g in named]
+        runtime, n = self.runtime, len(values)
+
+        def note(pieces):
+            verdict = pieces[0]
+            runtime.step_verdict(keys, sizes, verdict[:n] > 0, verdict[n:2 * n], verdict[2 * n:])
+            return [np.zeros(3 * n, np.float32)]
+
+        with outermost_graph().as_default():
+            sums = tf.stack([tf.cast(tf.reduce_sum(v), tf.float32) for v in values])
+            # an inf or a NaN makes its gradient's sum non-finite; a finite sum vouches for every element
+            finite = tf.cond(tf.reduce_all(tf.math.is_finite(sums)), lambda: tf.ones([n], tf.bool),
+                             lambda: tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values]))
+            highs = tf.stack([tf.cast(tf.reduce_max(v), tf.float32) for v in values])
+            lows = tf.stack([tf.cast(tf.reduce_min(v), tf.float32) for v in values])
+            verdict = tf.concat([tf.cast(finite, tf.float32), highs, lows], 0)
+            self._in_order.run(note, [(VERDICT_KEY, verdict)], GradientLayout([(VERDICT_KEY, (3 * n,), "float32")]))
 
     def _exchange_recorded(self):
         recorded, self._recorded = self._recorded, []

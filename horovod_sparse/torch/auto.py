@@ -13,7 +13,26 @@ Each step:
    (:class:`~horovod_sparse.step.bucket.Bucket`), then lets the runtime do its phase's
    bookkeeping (collective: every rank, the same step).
 3. Each ``decompress`` returns Horovod's result (dense) or writes its part of its bucket's sum.
+
+A loss scaler's overflow (:mod:`horovod_sparse.nonfinite`): a gradient holding inf or NaN on
+some rank makes the step no step on every rank, with no state of auto's changed
+(:meth:`~horovod_sparse.auto.runtime.AutoRuntime.skip_step`). Every rank learns it from what
+the step sends anyway:
+
+- when a candidate's bucket runs, from the bucket's agreement header: each pipeline checks
+  its own gradients, and a rank whose dense payloads (checked as ``compress`` hands them to
+  Horovod, since Horovod then sums them in place) are not finite gives its buckets a NaN
+  gradient, so that every bucket raises :class:`~horovod_sparse.exchange.NonFiniteGradientError`
+  on every rank before any state changed; every out-of-band gradient's result is then NaN;
+- when no bucket runs (a plan of Horovod's allreduce only), from Horovod's sums, the same on
+  every rank: the step's bookkeeping waits for its last ``decompress``, which has seen them all.
+
+Horovod's own sums of a non-finite gradient are non-finite by themselves. With
+``nonfinite="raise"`` every rank raises the error at the step's last ``decompress`` (Horovod has
+waited for every allreduce of the step by then).
 """
+import time
+
 import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor as HorovodCompressor
@@ -23,10 +42,14 @@ from horovod.torch.optimizer import _DistributedAdasumOptimizer
 from horovod_sparse.agreement import check_same_on_every_rank, communicator_of, time_collective
 from horovod_sparse.auto.decide import DENSE_CHOICES, FP16, NONE, Costs
 from horovod_sparse.auto.runtime import AutoRuntime, fit_line
-from horovod_sparse.horovod_frames import caller_gradient, caller_process_set, check_caller
+from horovod_sparse.errors import NonFiniteGradientError
+from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_process_set, check_caller
+from horovod_sparse.layout import key_order
+from horovod_sparse.nonfinite import raise_with_hint
+from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.step.bucket import Bucket
 from horovod_sparse.step.profiling import fit_exchange_cost, probe_lengths
-from horovod_sparse.torch.buckets import TORCH_ARRAYS
+from horovod_sparse.torch.buckets import TORCH_ARRAYS, NonFiniteSum
 
 #: largest exchange (elements) timed to fit a cost; larger ones follow the line
 PROBE_ELEMENTS = 1 << 22
@@ -52,6 +75,12 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
             are not tried.
         drift: relative change of the settled step time that makes it plan again.
         check_every: steps between the settled checks (guard and drift).
+        nonfinite: a step whose gradient holds inf or NaN on some rank (a loss scaler's
+            overflow) changes no state of auto's on any rank; ``"propagate"`` (default) makes
+            every out-of-band gradient's result NaN on every rank, so that the scaler skips the
+            step as it does with Horovod's own allreduce; ``"raise"`` raises
+            :class:`~horovod_sparse.exchange.NonFiniteGradientError` on every rank
+            (:mod:`horovod_sparse.nonfinite`). ``auto_report["skipped_steps"]`` counts them.
 
     ``auto_report`` says what was measured, predicted and chosen; ``plan`` is the choice per
     parameter name; ``state_dict()`` holds both and every candidate's residuals (rank-0
@@ -74,18 +103,26 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
         self._horovod = {NONE: NoneCompressor, FP16: FP16Compressor}
         self._comm = None
         self._process_set = None
+        self._optimizer = OneOptimizer("auto")  # one compressor per optimizer: refuse a second
         # this step, as compress hands it over
         self._position, self._step_finished = 0, True
         self._gradients = {}   # key -> every float gradient of the step (sizes, the guard)
         self._recorded = {spec: {} for spec in self.algorithms}
         self._frozen = {spec: {} for spec in self.algorithms}
         self._sums = None      # {spec: StepSum}, once the step's exchanges ran
+        # the overflow check (module docstring)
+        self._payloads = _FiniteCheck()  # this rank's dense payloads, while a bucket may run
+        self._check_payloads = True
+        self._dense_sums = None          # Horovod's sums, when no bucket ran: the step's verdict waits for them
+        self._overflow = None            # the step's NonFiniteGradientError, once known
+        self._decompressed, self._backward_end = 0, None
 
     @property
     def auto_report(self):
         """What was measured, predicted and chosen: ``phase``, ``chosen`` (the plan's name),
         ``per_choice`` (gradients per choice), ``plan``, ``trials`` (each plan's predicted and
-        measured seconds), ``costs`` (fitted a, b), ``replans`` and ``guard`` (what moved, when, why)."""
+        measured seconds), ``costs`` (fitted a, b), ``replans`` and ``guard`` (what moved, when, why),
+        ``skipped_steps`` (steps a gradient overflowed in, on some rank: no step of auto's)."""
         return self.report
 
     # -- Horovod's interface ------------------------------------------------------------
@@ -98,7 +135,8 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
             check_same_on_every_rank(self.settings(), self._comm, "auto settings")
         if self._step_finished:
             self._start_step()
-        name, parameter = caller_gradient(tensor)
+        name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
+        self._optimizer.check(optimizer)
         key = self._position if name is None else name
         self._position += 1
         if not tensor.dtype.is_floating_point:
@@ -114,6 +152,8 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
         self._gradients[key] = tensor
         if choice in DENSE_CHOICES:
             payload, ctx = self._horovod[choice].compress(tensor)
+            if self._check_payloads:  # Horovod sums it in place: checked now or never
+                self._payloads.add(payload)
             return payload, (choice, ctx)
         (self._frozen if frozen else self._recorded)[choice][key] = tensor
         return torch.ones(1, dtype=torch.float32, device=tensor.device), (choice, key)
@@ -123,28 +163,85 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
         if ctx is None:  # a sparse gradient (nn.Embedding(sparse=True)) Horovod allgathered
             return tensor
         if self._sums is None:
-            self._end_step()
+            self._exchange_step()
         choice, info = ctx
         if choice in DENSE_CHOICES:
-            return self._horovod[choice].decompress(tensor, info)
-        return self._sums[choice].write(info, float(tensor.item()) / self._comm.Get_size())
+            out = self._horovod[choice].decompress(tensor, info)
+            if self._dense_sums is not None and out.is_floating_point():
+                self._dense_sums.add(out)
+        else:
+            out = self._sums[choice].write(info, float(tensor.item()) / self._comm.Get_size())
+        self._decompressed += 1
+        if self._decompressed == self._position:  # the step's last: every sum of Horovod's is in
+            self._settle_step()
+        return out
 
     def _start_step(self):
+        if self._dense_sums is not None:  # the last decompress never came (an error in between)
+            self._settle_step(raising=False)
         self._position, self._step_finished, self._sums = 0, False, None
+        self._decompressed, self._overflow, self._dense_sums = 0, None, None
         self._gradients = {}
         self._recorded = {spec: {} for spec in self.algorithms}
         self._frozen = {spec: {} for spec in self.algorithms}
+        self._payloads = _FiniteCheck()
+        # the dense payloads matter only to a bucket: a plan of Horovod's allreduce alone (or an
+        # empty one, before the first step) is judged by Horovod's sums instead
+        self._check_payloads = not self.plan or any(c in self.algorithms for c in self.plan.values())
         self.start_step()
 
-    def _end_step(self):
+    def _exchange_step(self):
         """The step's out-of-band exchanges, one bucket per candidate in use, then the runtime's
-        bookkeeping. Collective: every rank calls it at its first ``decompress`` of the step."""
+        bookkeeping (or, if a gradient overflowed on some rank, none: the step is skipped); with
+        no bucket to run, the bookkeeping waits for Horovod's sums (:meth:`_settle_step`).
+        Collective: every rank calls it at its first ``decompress`` of the step."""
+        self._backward_end = time.perf_counter()
         self._sums = {}
-        in_use = set(self.plan.values())
-        for spec, bucket in self.buckets.items():  # the same order on every rank
-            if spec in in_use:
-                self._sums[spec] = bucket.exchange(self._recorded[spec], self._frozen[spec], self._comm, spec)
-        self.end_step(self._comm, {k: g.numel() for k, g in self._gradients.items()})
+        planned = set(self.plan.values())
+        in_use = [spec for spec in self.buckets if spec in planned]  # the same order on every rank
+        busy = [spec for spec in in_use if self._recorded[spec]]
+        if not busy:
+            for spec in in_use:  # frozen gradients only: the ranks still agree on the layout
+                self._sums[spec] = self.buckets[spec].exchange({}, self._frozen[spec], self._comm, spec)
+            self._dense_sums = _FiniteCheck()
+            return
+        if len(busy) > 1:  # a later bucket's overflow must not find an earlier one's state changed
+            for spec in busy:
+                for g in self._recorded[spec].values():
+                    self._payloads.add(g)
+        if not self._payloads.all():
+            for spec in busy:  # the buckets' headers tell every rank
+                key = min(self._recorded[spec], key=key_order)
+                self._recorded[spec][key] = torch.full_like(self._recorded[spec][key], float("nan"))
+        committed = set()
+        try:
+            for spec in in_use:
+                self._sums[spec] = self.buckets[spec].exchange(self._recorded[spec], self._frozen[spec],
+                                                               self._comm, spec)
+                committed.update(self._recorded[spec])
+        except NonFiniteGradientError as error:  # on every rank, at the same bucket: the check was agreed
+            self._overflow = error
+            self._sums = {spec: NonFiniteSum(self._recorded[spec], self._frozen[spec]) for spec in in_use}
+            self.skip_step(keep=committed)
+            return
+        self.end_step(self._comm, {k: g.numel() for k, g in self._gradients.items()}, self._backward_end)
+
+    def _settle_step(self, raising=True):
+        """At the step's last ``decompress``: the bookkeeping that waited for Horovod's sums (the
+        same on every rank: so is whether they are finite), and ``nonfinite="raise"``."""
+        if self._dense_sums is not None:
+            finite, self._dense_sums = self._dense_sums.all(), None
+            if finite:
+                self.end_step(self._comm, {k: g.numel() for k, g in self._gradients.items()}, self._backward_end)
+            else:
+                self._overflow = NonFiniteGradientError(
+                    "auto: a gradient of this step is not finite (inf or NaN) on some rank: Horovod's sum of it "
+                    "is not finite on every rank")
+                self.skip_step()
+        if raising and self._overflow is not None and self.nonfinite == "raise":
+            error, self._overflow = self._overflow, None
+            self._optimizer.abandon_step()
+            raise_with_hint(error)
 
     # -- the runtime's hooks ----------------------------------------------------------------
     def fit_costs(self, known, sizes):
@@ -198,3 +295,24 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
 
     def __repr__(self):
         return f"TorchAutoCompressor({self.settings()})"
+
+
+class _FiniteCheck:
+    """Whether every tensor given is finite (inf and NaN are not), each read once as it comes: a
+    CPU tensor at once (:func:`~horovod_sparse.ops.finite.all_finite`), one on a GPU into a flag
+    on its device, all of which :meth:`all` reads with one synchronisation."""
+
+    def __init__(self):
+        self.finite, self._flags = True, []
+
+    def add(self, tensor):
+        if tensor.device.type != "cpu" or tensor.dtype == torch.bfloat16:  # (numpy has no bfloat16)
+            self._flags.append(torch.isfinite(tensor).all())
+        elif self.finite:  # one non-finite tensor decides it
+            self.finite = all_finite(tensor.reshape(-1))
+
+    def all(self):
+        if self._flags:
+            self.finite = self.finite and bool(torch.stack(self._flags).all())
+            self._flags = []
+        return self.finite

@@ -154,6 +154,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
                 self._results = self.exchanges.finish(self._recorded, self._frozen, finite)
             except NonFiniteGradientError as error:  # every rank is here: the check was agreed
                 if self.nonfinite == "raise":
+                    self._optimizer.abandon_step()
                     raise_with_hint(error)
                 self._results = NonFiniteSum(self._recorded, self._frozen)
             self.pipelines = self.exchanges.pipelines

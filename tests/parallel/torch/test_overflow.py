@@ -153,7 +153,7 @@ def test_the_overflowed_step_is_nan_for_every_out_of_band_gradient():
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ["topk", "efsignsgd", "powersgd", "dense"])
-def test_nonfinite_raise_raises_on_every_rank_and_keeps_the_state(name):
+def test_nonfinite_raise_raises_on_every_rank_and_keeps_the_state(name, assert_identical_across_ranks):
     model = make_model()
     compression = hvds.Compression.from_spec(name, nonfinite="raise")
     opt = distributed(model, compression)
@@ -170,6 +170,9 @@ def test_nonfinite_raise_raises_on_every_rank_and_keeps_the_state(name):
     assert all(text == texts[0] for text in texts), texts
     assert "nonfinite='propagate'" in texts[0]
     assert_same_state(before, compression.state_dict())
+    # the step is skipped, and training goes on from the state before it
+    assert step_like_grad_scaler(model, opt, 2)
+    assert_identical_across_ranks(flat(model))
 
 
 def test_nonfinite_is_checked_at_construction():
