@@ -116,17 +116,19 @@ def check_same_on_every_rank(text, comm, what):
                          "pass the same on every rank, with the same seed where there is one")
 
 
-def agree_on_layout(layout, comm, what, refused=False, why=""):
+def agree_on_layout(layout, comm, what, refused=False, why="", flag=False):
     """Raise ValueError on every rank of ``comm`` unless all ranks pass the same ``layout``
     (a :class:`~horovod_sparse.layout.GradientLayout`, compared by tag) and none ``refused``
-    to go on (then ``why``, the same text on every rank, says why). One Allgather of 16
+    to go on (then ``why``, the same text on every rank, says why). One Allgather of 24
     bytes: called before anything else collective of a step, so that ranks whose gradients
     differ (a layer frozen on some ranks only) fail together instead of waiting in
     different collectives.
 
+    ``flag`` rides along (a gradient not finite, for ``auto``): returns the ranks that set it.
+
     Example: ``agree_on_layout(GradientLayout([("fc.weight", (4, 4), "float32")]), comm, "topk")``.
     """
-    votes = allgather_int64(comm, [layout.tag, int(bool(refused))])
+    votes = allgather_int64(comm, [layout.tag, int(bool(refused)), int(bool(flag))])
     refusing = [r for r in range(votes.shape[0]) if votes[r, 1]]
     if refusing:
         raise ValueError(f"{what}: rank(s) {refusing}: {why}")
@@ -136,6 +138,7 @@ def agree_on_layout(layout, comm, what, refused=False, why=""):
             f"the ranks of {what} exchange different gradients: rank(s) {differing} differ from rank 0; "
             f"rank {comm.Get_rank()} has [{layout.describe()}]. Every rank must compress the same "
             "parameters (same shapes and dtypes), and freeze or unfreeze them at the same step")
+    return [r for r in range(votes.shape[0]) if votes[r, 2]]
 
 
 def _ranks(ranks):

@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from horovod_sparse.agreement import allgather_int64, communicator_of, time_collective
+from horovod_sparse.agreement import agree_on_layout, communicator_of, time_collective
 from horovod_sparse.auto.decide import FP16, NONE, Costs
 from horovod_sparse.auto.runtime import AutoRuntime, fit_line
 from horovod_sparse.errors import NonFiniteGradientError
@@ -180,14 +180,7 @@ class HostAutoRuntime(AutoRuntime):
         of :func:`~horovod_sparse.agreement.agree_on_layout`, which every call makes first):
         ValueError on every rank if the layouts differ, else the ranks whose gradients are not
         all finite (none: go on)."""
-        votes = allgather_int64(self.comm, [layout.tag, int(self._bad)])
-        differing = [r for r in range(votes.shape[0]) if votes[r, 0] != votes[0, 0]]
-        if differing:
-            raise ValueError(
-                f"the ranks of auto exchange different gradients: rank(s) {differing} differ from rank 0; "
-                f"rank {self.comm.Get_rank()} has [{layout.describe()}]. Every rank must compress the same "
-                "parameters (same shapes and dtypes), and freeze or unfreeze them at the same step")
-        return [r for r in range(votes.shape[0]) if votes[r, 1]]
+        return agree_on_layout(layout, self.comm, "auto", flag=self._bad)
 
     def _skip(self, error, layout):
         """The step overflowed (every rank is here, at the same call): it is no step, this call

@@ -151,9 +151,11 @@ class Sparsifier(Pipeline):
         finite = finite and all_finite(acc)
         rule_state = self.rule.state_dict()
         try:
+            warmup = self.step_count < self.warmup_steps  # the same engine on every rank, finite or not
             if not finite:  # nothing worth selecting: the header tells every rank to skip
-                local, method, engine = namespace.arange(0, acc), "skipped", self.engine
-            elif self.step_count < self.warmup_steps:
+                local, method = namespace.arange(0, acc), "skipped"
+                engine = self.dense_engine if warmup else self.engine
+            elif warmup:
                 local, method, engine = namespace.arange(self.n, acc), "dense", self.dense_engine
             else:
                 local, method = self.rule.select(acc, self._keys(acc), self.k,  # step 2

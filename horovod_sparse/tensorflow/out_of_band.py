@@ -185,7 +185,7 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
 
     def _step_pipeline(self, layout):
         """The whole step's pipeline for ``layout``, at run time. The ranks first agree on the
-        layout (one 16-byte Allgather), so ranks whose traced steps differ fail together
+        layout (one Allgather of three int64), so ranks whose traced steps differ fail together
         instead of waiting in different collectives; a new pipeline is collective, and a rank
         that cannot take the gradients' saved state fails on every rank."""
         agree_on_layout(layout, self.comm, self.algorithm.name)

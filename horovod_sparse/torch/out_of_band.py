@@ -15,7 +15,7 @@ Horovod calls ``compress`` for every gradient of a step (from the backward hooks
    sparsifier gets them as pieces of it (its memory reads them in place: grad + residual
    in one pass), the other pipelines a copy in one persistent float32 buffer on their
    device (:class:`FusedBuffer`). One exchange per step, on the ranks of the optimizer's
-   process set; the ranks first agree on the layout (one 8-byte Allgather), so ranks
+   process set; the ranks first agree on the layout (one 24-byte Allgather), so ranks
    whose gradients differ fail together with a clear error;
 3. each ``decompress`` writes its gradient's part of the sum into the gradient tensor
    itself (zeroed, then the summed pairs scattered in for sparsifiers; copied from the

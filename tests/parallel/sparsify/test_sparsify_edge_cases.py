@@ -4,7 +4,7 @@ import pytest
 from mpi4py import MPI
 
 import horovod_sparse
-from horovod_sparse.exchange import ExchangeError
+from horovod_sparse.exchange import ExchangeError, NonFiniteGradientError
 from sparsify_oracles import (RANK, SIZE, all_ranks, bitwise_equal, gradient, on_every_rank,
                               rank_ordered_sum, union_of)
 
@@ -116,23 +116,23 @@ def test_one_rank_selects_nothing_or_has_zero_gradient(spec, comm, assert_identi
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_nan_gradient_does_not_crash_and_propagates_identically(spec, comm,
-                                                                assert_identical_across_ranks):
+def test_nan_gradient_skips_the_step_on_every_rank(spec, comm, assert_identical_across_ranks):
+    """A NaN on rank 0 (a loss scaler's overflow): every rank raises NonFiniteGradientError, in
+    the warm-up's dense exchange too, no state changes, and the next steps go on."""
     n = 500
-    nan_at = 17
     grads = [gradient(n, step, RANK) for step in range(3)]
-    if RANK == 0:
-        grads[0] = grads[0].copy()
-        grads[0][nan_at] = np.nan
-    outputs, infos, residual = run_steps(spec, comm, grads)
+    with horovod_sparse.create(spec).make_pipeline(n, comm) as sparsifier:
+        bad = grads[0].copy()
+        if RANK == 0:
+            bad[17] = np.nan
+        with pytest.raises(NonFiniteGradientError):
+            sparsifier.step(bad)
+        assert sparsifier.step_count == 0 and not np.any(sparsifier.residual)
+        outputs = [sparsifier.step(grad) for grad in grads]
     for out in outputs:
+        assert np.isfinite(out).all()
         assert_identical_across_ranks(out)
-    # NaN counts as the largest magnitude: rank 0 sends it at once and it reaches everyone.
-    assert all_ranks(np.isnan(outputs[0][nan_at]))
-    assert all_ranks(RANK != 0 or nan_at in infos[0].local_indices.tolist())
-    # Sent, and (NaN being the largest) globally selected, so cleared: it does not stay
-    # in the residual to poison later steps.
-    assert all_ranks(not np.isnan(residual[nan_at]))
+    assert outputs[0].tolist() == run_steps(spec, comm, grads[:1])[0][0].tolist()
 
 
 @pytest.mark.skipif(SIZE == 1, reason="needs two ranks to disagree")
