@@ -36,7 +36,7 @@ _ERROR_TEXT = {
 _AGREED = ("n", "algorithm", "k", "call", "value_dtype", "params", "tag")
 TAG_ERROR_CODE = 6
 #: a rank's gradient held an inf or a NaN (its own kind of problem: see agree_call)
-NONFINITE_CODE = 7
+NONFINITE_CODE = 100  # apart from every exchange's own codes (1-6 here, 7 compressed, 20 PowerSGD)
 
 
 def tag_as_int64(tag):
