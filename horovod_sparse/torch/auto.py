@@ -46,10 +46,9 @@ from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_process_set, check_caller
 from horovod_sparse.layout import key_order
 from horovod_sparse.nonfinite import raise_with_hint
-from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.step.bucket import Bucket
 from horovod_sparse.step.profiling import fit_exchange_cost, probe_lengths
-from horovod_sparse.torch.buckets import TORCH_ARRAYS, NonFiniteSum
+from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum
 
 #: largest exchange (elements) timed to fit a cost; larger ones follow the line
 PROBE_ELEMENTS = 1 << 22
@@ -111,7 +110,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
         self._frozen = {spec: {} for spec in self.algorithms}
         self._sums = None      # {spec: StepSum}, once the step's exchanges ran
         # the overflow check (module docstring)
-        self._payloads = _FiniteCheck()  # this rank's dense payloads, while a bucket may run
+        self._payloads = FiniteCheck()  # this rank's dense payloads, while a bucket may run
         self._check_payloads = True
         self._dense_sums = None          # Horovod's sums, when no bucket ran: the step's verdict waits for them
         self._overflow = None            # the step's NonFiniteGradientError, once known
@@ -184,7 +183,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
         self._gradients = {}
         self._recorded = {spec: {} for spec in self.algorithms}
         self._frozen = {spec: {} for spec in self.algorithms}
-        self._payloads = _FiniteCheck()
+        self._payloads = FiniteCheck()
         # the dense payloads matter only to a bucket: a plan of Horovod's allreduce alone (or an
         # empty one, before the first step) is judged by Horovod's sums instead
         self._check_payloads = not self.plan or any(c in self.algorithms for c in self.plan.values())
@@ -203,7 +202,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
         if not busy:
             for spec in in_use:  # frozen gradients only: the ranks still agree on the layout
                 self._sums[spec] = self.buckets[spec].exchange({}, self._frozen[spec], self._comm, spec)
-            self._dense_sums = _FiniteCheck()
+            self._dense_sums = FiniteCheck()
             return
         if len(busy) > 1:  # a later bucket's overflow must not find an earlier one's state changed
             for spec in busy:
@@ -295,24 +294,3 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
 
     def __repr__(self):
         return f"TorchAutoCompressor({self.settings()})"
-
-
-class _FiniteCheck:
-    """Whether every tensor given is finite (inf and NaN are not), each read once as it comes: a
-    CPU tensor at once (:func:`~horovod_sparse.ops.finite.all_finite`), one on a GPU into a flag
-    on its device, all of which :meth:`all` reads with one synchronisation."""
-
-    def __init__(self):
-        self.finite, self._flags = True, []
-
-    def add(self, tensor):
-        if tensor.device.type != "cpu" or tensor.dtype == torch.bfloat16:  # (numpy has no bfloat16)
-            self._flags.append(torch.isfinite(tensor).all())
-        elif self.finite:  # one non-finite tensor decides it
-            self.finite = all_finite(tensor.reshape(-1))
-
-    def all(self):
-        if self._flags:
-            self.finite = self.finite and bool(torch.stack(self._flags).all())
-            self._flags = []
-        return self.finite

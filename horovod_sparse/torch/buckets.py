@@ -11,6 +11,7 @@ the sum back into the gradient tensor (:class:`NonFiniteSum`: NaN, where a gradi
 """
 import torch
 
+from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.ops.torch_ops import TorchOps
 
 OPS = TorchOps()
@@ -130,3 +131,24 @@ class NonFiniteSum:
         g = self.gradients[key]
         out = g if g.is_contiguous() and not g.requires_grad else torch.empty_like(g)
         return out.fill_(float("nan"))
+
+
+class FiniteCheck:
+    """Whether every tensor given is finite (inf and NaN are not), each read once as it comes: a
+    CPU tensor at once (:func:`~horovod_sparse.ops.finite.all_finite`), one on a GPU into a flag
+    on its device, all of which :meth:`all` reads with one synchronisation."""
+
+    def __init__(self):
+        self.finite, self._flags = True, []
+
+    def add(self, tensor):
+        if tensor.device.type != "cpu" or tensor.dtype == torch.bfloat16:  # (numpy has no bfloat16)
+            self._flags.append(torch.isfinite(tensor).all())
+        elif self.finite:  # one non-finite tensor decides it
+            self.finite = all_finite(tensor.reshape(-1))
+
+    def all(self):
+        if self._flags:
+            self.finite = self.finite and bool(torch.stack(self._flags).all())
+            self._flags = []
+        return self.finite

@@ -49,7 +49,7 @@ from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.out_of_band import OutOfBandCompressorBase
 from horovod_sparse.schedule.planner import SCHEDULES
 from horovod_sparse.step.exchanges import StepExchanges
-from horovod_sparse.torch.buckets import TORCH_ARRAYS, NonFiniteSum
+from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum
 
 
 class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
@@ -106,8 +106,8 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._frozen = {}      # key -> gradient of a frozen parameter, this step
         self._results = None   # the step's sums (StepSum or ChannelExchanges), after its exchange
         # whether this step's gradients that Horovod carries as they are (small ones) are all
-        # finite: an overflow there skips the whole step's exchange too (a 0-d bool tensor)
-        self._carried_finite = None
+        # finite: an overflow there skips the whole step's exchange too
+        self._carried = FiniteCheck()
         self._caller_checked = False
         self._optimizer = OneOptimizer(algorithm.name)  # one compressor per optimizer: refuse a second
 
@@ -120,16 +120,15 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         if self._step_finished:
             self._position, self._step_finished = 0, False
             self._recorded, self._frozen, self._results = {}, {}, None
-            self._carried_finite = None
+            self._carried = FiniteCheck()
             self.exchanges.start_step(self.comm)
         name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
         self._optimizer.check(optimizer)
         key = self._position if name is None else name
         self._position += 1
         if self.goes_dense(tensor):
-            if tensor.is_floating_point():  # on its device: no synchronisation in the backward hook
-                finite = torch.isfinite(tensor).all()
-                self._carried_finite = finite if self._carried_finite is None else self._carried_finite & finite
+            if tensor.is_floating_point():
+                self._carried.add(tensor)
             return self.compress_dense(tensor, key)
         if key in self._recorded or key in self._frozen:
             raise ValueError(f"{self.algorithm.name}: gradient {key!r} was compressed twice in one step "
@@ -150,8 +149,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             return self.decompress_dense(tensor, info)
         if self._results is None:
             try:
-                finite = self._carried_finite is None or bool(self._carried_finite)
-                self._results = self.exchanges.finish(self._recorded, self._frozen, finite)
+                self._results = self.exchanges.finish(self._recorded, self._frozen, self._carried.all())
             except NonFiniteGradientError as error:  # every rank is here: the check was agreed
                 if self.nonfinite == "raise":
                     self._optimizer.abandon_step()

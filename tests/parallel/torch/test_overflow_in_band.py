@@ -15,37 +15,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import horovod_sparse.torch as hvds
 from horovod_sparse.exchange import NonFiniteGradientError
+from test_training import batch, distributed, flat_parameters, make_model
 
 SPEC = "randomk:density=0.1"
 BAD_STEPS = (2, 3, 6)  # two in a row; each on rank step % P
-
-
-def make_model():
-    torch.manual_seed(100 + hvd.rank())  # different on purpose: broadcast_parameters must fix it
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-
-
-def batch(step, rank, size=8):
-    """Deterministic per-(step, rank) data: every rank sees different samples."""
-    g = torch.Generator().manual_seed(10_000 * rank + step)
-    x = torch.randn(size, 16, generator=g)
-    return x, (x[:, :4].sum(1) > 0).long() + 2 * (x[:, 4] > 0).long()
-
-
-def flat_parameters(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
-
-
-def distributed(model, compression):
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
-    return opt
 
 
 def overflows_here(step, bad_steps):
