@@ -93,6 +93,19 @@ class Memory:
             self._state[name] = _convert(value, self._state[name]) if bound else value
             self._spare[name] = None
 
+    # -- for the fused kernels (horovod_sparse.ops.cpu): the buffers themselves ----------
+    def buffers(self, name, like):
+        """``(state, spare)`` of the state vector ``name``, bound to ``like``'s library and
+        device: a fused kernel reads the state and writes the next one into the spare (the
+        state stays as it was until :meth:`commit_spare`)."""
+        self._bind(like)
+        return self._state[name], self._spare_of(name)
+
+    def commit_spare(self, name):
+        """The exchange succeeded and a fused kernel wrote the next state of ``name`` into its
+        spare (:meth:`buffers`): the spare becomes the state, the old state the next spare."""
+        self._swap(name, self._spare[name])
+
     # -- the buffers: state, and a spare twin to write the next state into --------------
     def _bind(self, like):
         """Move the state to ``like``'s library and device (a no-op once there)."""

@@ -1,0 +1,102 @@
+"""Compiled CPU kernels: a pipeline's hot passes fused into one loop each.
+
+With numpy (or torch on a CPU) every operation is a pass over the gradient of its own,
+often with a temporary buffer: error feedback, the magnitude keys, a comparison, a
+compaction, the overflow check are five passes over 100 MB where one would do. The
+kernels of this package do several operations per element while it is in registers, and
+are compiled for this CPU by numba (LLVM), one thread each (the ranks already fill the
+cores), without the GIL (the schedules' channel threads run them side by side).
+
+One module per family, beside the numpy code it replaces:
+
+* :mod:`.sparsify`: error feedback (or DGC's momentum correction) + the overflow check +
+  the candidates at or above a key, in one pass; the exact top-k among the candidates.
+
+The numpy code stays the oracle and the fallback: callers take it when numba is not
+installed, when ``HOROVOD_SPARSE_KERNELS=numpy`` is set, or inside ``with numpy_only():``.
+Both give the same bits: integer keys, and per element the same float32 operations in
+the same order (no fast-math, no reassociation).
+
+Example::
+
+    from horovod_sparse.ops import cpu
+    if cpu.enabled():          # numba is here and not turned off
+        ...
+    with cpu.numpy_only():     # the reference path, e.g. in a test
+        ...
+"""
+import contextlib
+import os
+import threading
+
+#: the environment variable that chooses the kernels: "numba" (default where installed) or "numpy"
+KERNELS_ENV = "HOROVOD_SPARSE_KERNELS"
+CHOICES = ("numba", "numpy")
+
+try:
+    import numba
+except ImportError:  # the numpy path serves
+    numba = None
+
+_local = threading.local()  # numpy_only() is per thread: a test's switch never leaks into a channel thread's step
+
+
+def _chosen():
+    choice = os.environ.get(KERNELS_ENV, "numba").strip().lower() or "numba"
+    if choice not in CHOICES:
+        raise ValueError(f"{KERNELS_ENV} must be one of {list(CHOICES)}, got {choice!r}")
+    return choice
+
+
+def available():
+    """Whether numba is installed (the compiled kernels can run)."""
+    return numba is not None
+
+
+def enabled():
+    """Whether callers should run the compiled kernels now: numba is installed, the
+    environment does not ask for numpy, and no :func:`numpy_only` is in force in this thread."""
+    return numba is not None and _chosen() == "numba" and not getattr(_local, "numpy_only", False)
+
+
+@contextlib.contextmanager
+def numpy_only():
+    """Within the block (this thread), every caller takes the numpy path."""
+    before = getattr(_local, "numpy_only", False)
+    _local.numpy_only = True
+    try:
+        yield
+    finally:
+        _local.numpy_only = before
+
+
+def jit(function):
+    """``function`` compiled by numba: no Python objects, no GIL, cached on disk (the first call
+    of a signature compiles it, once per machine), IEEE arithmetic (no fast-math). Without
+    numba, the plain Python function (callers check :func:`enabled` first and never run it)."""
+    if numba is None:
+        return function
+    return numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")(function)
+
+
+def _count_trailing_zeros():
+    """``cttz(x)``: the index of the lowest set bit of a non-zero uint64, one instruction
+    (LLVM's cttz): how a kernel visits the marked entries of a 64-entry block."""
+    if numba is None:
+        return None
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def cttz(typingctx, x):
+        i64 = ir.IntType(64)
+
+        def codegen(context, builder, signature, args):
+            fn = builder.module.declare_intrinsic("llvm.cttz", [i64], ir.FunctionType(i64, [i64, ir.IntType(1)]))
+            return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 0)])
+        return types.uint64(types.uint64), codegen
+    return cttz
+
+
+cttz = _count_trailing_zeros()
