@@ -19,6 +19,8 @@ setup(
     extras_require={
         "torch": ["torch>=2.0"],
         "tensorflow": ["tensorflow>=2.12", "tf-keras"],
+        # the compiled CPU kernels (horovod_sparse.ops.cpu); without numba the numpy path runs
+        "kernels": ["numba>=0.59"],
         "dev": ["pytest", "pytest-timeout", "scikit-learn", "matplotlib", "rich"],
     },
 )

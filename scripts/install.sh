@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything horovod_sparse needs, idempotently:
 #   1. Open MPI from Debian (when mpirun is missing),
-#   2. a virtualenv at .venv with pinned torch / TensorFlow / mpi4py / test tools,
+#   2. a virtualenv at .venv with pinned torch / TensorFlow / mpi4py / numba / test tools,
 #   3. Horovod 0.28.1 built from its sdist (patched, cached wheel; scripts/build_horovod.sh),
 #   4. torchvision for the workloads' ResNet-18, without its compiled ops (cached wheel;
 #      scripts/build_torchvision.sh says why),
@@ -32,12 +32,13 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 PY=.venv/bin/python
-stamp=.venv/.deps-$(printf '%s' "$TORCH_VERSION $TF_VERSION $TF_KERAS_VERSION $MPI4PY_VERSION $(cat requirements-dev.txt)" | sha1sum | cut -c1-12)
+stamp=.venv/.deps-$(printf '%s' "$TORCH_VERSION $TF_VERSION $TF_KERAS_VERSION $MPI4PY_VERSION $NUMBA_VERSION $(cat requirements-dev.txt)" | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
     log "installing pinned dependencies into .venv"
     $PY -m pip install -q --upgrade pip setuptools wheel
     $PY -m pip install -q "torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" \
-        "tf-keras==$TF_KERAS_VERSION" "mpi4py==$MPI4PY_VERSION" -r requirements-dev.txt
+        "tf-keras==$TF_KERAS_VERSION" "mpi4py==$MPI4PY_VERSION" \
+        "numba==$NUMBA_VERSION" -r requirements-dev.txt
     touch "$stamp"
 fi
 

@@ -6,3 +6,5 @@ TORCHVISION_VERSION=0.28.0
 TF_VERSION=2.21.0
 TF_KERAS_VERSION=2.21.0
 MPI4PY_VERSION=4.1.2
+# the compiled CPU kernels (horovod_sparse/ops/cpu); without it the numpy path runs
+NUMBA_VERSION=0.68.1
