@@ -45,6 +45,14 @@ def put(x, indices, values):
         x[indices] = values
 
 
+def copy(x):
+    """A copy of ``x`` in its library and device (torch: clone; TensorFlow tensors are immutable:
+    ``x`` itself)."""
+    if is_tensorflow(x):
+        return x
+    return x.clone() if is_torch(x) else x.copy()
+
+
 def copy_into(dst, src):
     """``dst[...] = src`` (torch: copy_, which also converts the dtype)."""
     if is_torch(dst):

@@ -45,8 +45,8 @@ import numpy as np
 
 from horovod_sparse.ops.host import to_host
 from horovod_sparse.ops.indices import compact, count_nonzero, take
-from horovod_sparse.ops.kernels import mark_at_least, set_true_at
-from horovod_sparse.ops.magnitude import key_of, kth_largest, magnitude_keys, magnitude_of, smallest
+from horovod_sparse.ops.kernels import copy, mark_at_least, set_true_at
+from horovod_sparse.ops.magnitude import key_of, kth_largest, kth_largests, magnitude_keys, magnitude_of, smallest
 from horovod_sparse.ops.namespace import arange, empty, is_tensorflow, is_torch
 
 #: value dtype of every sparsifier buffer
@@ -65,6 +65,9 @@ FLOOR_MARGIN = 1.05
 GAUSSIAN_SAMPLE = 4096
 #: at most this many keys (every ceil(n / size)-th) estimate a floor when the carried one fails
 FLOOR_SAMPLE = 65536
+#: the estimated-threshold rules collect candidates this factor below their last threshold
+#: (the next estimate moves with the gradient's spread; a few percent per step)
+ESTIMATE_MARGIN = 1.15
 _INF_KEY = 0x7F800000
 
 
@@ -87,43 +90,87 @@ class MagnitudeKeys:
     acc : float32 1-D buffer (numpy or torch). ``keys`` (int32) and ``mask`` (bool)
         are scratch buffers of the same length, library and device, reused from step
         to step (allocated here if None).
+    candidates : None, or the :class:`~horovod_sparse.sparsify.first_pass.Candidates` the
+        step's first pass collected: every entry whose key reaches their floor. Questions
+        about keys at or above that floor are answered from them, and the keys of the
+        whole buffer are computed only if a question goes below it (the same answers).
 
     :meth:`count_at_least` marks the entries at or above a key (one comparison pass)
     and :meth:`at_least` compacts the marked entries into indices, so "count, check
     the bounds, then take" costs a single comparison.
     """
 
-    def __init__(self, acc, keys=None, mask=None):
-        self.size = int(acc.shape[0])
+    def __init__(self, acc, keys=None, mask=None, candidates=None):
+        self.acc, self.size = acc, int(acc.shape[0])
         scratch = not is_tensorflow(acc)  # TensorFlow makes new tensors: no scratch to reuse
-        if keys is None and scratch:
-            keys = empty(self.size, "int32", acc)
-        self.keys = magnitude_keys(acc, out=keys)
+        self._keys_out = keys if keys is not None or not scratch else empty(self.size, "int32", acc)
+        self._keys = None
         self.mask = empty(self.size, "bool", acc) if mask is None and scratch else mask
         self._marked = None  # the key the mask holds ``keys >= key`` for
+        self.candidates = candidates
+        self._answered = None  # (indices, their keys) of the last at_least answered from the candidates
+        if candidates is None:
+            self._keys = magnitude_keys(acc, out=self._keys_out)
+
+    @property
+    def keys(self):
+        """The int32 keys of the whole buffer (computed at the first use: one pass)."""
+        if self._keys is None:
+            self._keys = magnitude_keys(self.acc, out=self._keys_out)
+        return self._keys
+
+    def _covers(self, key):
+        """Whether the candidates hold every entry whose key is >= ``key``."""
+        c = self.candidates
+        return c is not None and c.complete and key >= c.floor
 
     def count_at_least(self, key):
+        c = self.candidates
+        if c is not None and key == c.floor:  # counted in the first pass, written or not
+            return c.count
+        if self._covers(key):
+            return count_nonzero(c.keys >= key)
         self._marked = key
         self.mask, count = mark_at_least(self.keys, key, self.mask)
         return count
 
     def at_least(self, key):
         """Sorted int64 indices whose key is >= ``key``."""
+        if self._covers(key):
+            c = self.candidates
+            if key == c.floor:  # all of them: the indices copied out of the scratch (the caller may keep them)
+                self._answered = (copy(c.indices), c.keys)
+            else:
+                taken = compact(c.keys >= key)
+                self._answered = (take(c.indices, taken), take(c.keys, taken))
+            return self._answered[0]
         if self._marked != key:
-            self.count_at_least(key)
+            self._marked = key
+            self.mask, _ = mark_at_least(self.keys, key, self.mask)
         return compact(self.mask)
 
     def at(self, indices):
-        return take(self.keys, indices)
+        if self._answered is not None and indices is self._answered[0]:
+            return self._answered[1]
+        if self._keys is None:  # a gather of the values, not a pass over the buffer
+            return magnitude_keys(take(self.acc, indices))
+        return take(self._keys, indices)
+
+    def strided(self, start, stride, size=None):
+        """The keys of every ``stride``-th entry from ``start`` (at most ``size`` of them)."""
+        if self._keys is not None:
+            return self._keys[start::stride][:size]
+        sample = self.acc[start::stride][:size]
+        return magnitude_keys(sample.contiguous() if is_torch(sample) else np.ascontiguousarray(sample))
 
     def kth_largest(self, k):
         return kth_largest(self.keys, k)
 
     def empty_indices(self):
-        return empty(0, "int64", self.keys)
+        return empty(0, "int64", self.acc)
 
     def all_indices(self):
-        return arange(self.size, self.keys)
+        return arange(self.size, self.acc)
 
 
 def keys_of(acc):
@@ -172,19 +219,23 @@ def top_k(keys, k, floor=None):
         source, candidates = "sample", _candidates(keys, _sampled_floor(keys, k), k)
     if candidates is None:
         source, candidates = "full", keys.at_least(keys.kth_largest(k))
-    candidate_keys = keys.at(candidates)                                        # step 3
-    kth = kth_largest(candidate_keys, k)
+    candidate_keys = keys.at(candidates)
+    target, count = math.ceil(CANDIDATE_TARGET * k), int(candidate_keys.shape[0])
+    low, high = CANDIDATE_COMFORT
+    keep_floor = source == "floor" and low * k <= count <= high * k
+    if keep_floor or count < target:                                            # step 3
+        kth = kth_largest(candidate_keys, k)
+    else:  # one partition finds the k-th key and the next floor's
+        kth, target_key = kth_largests(candidate_keys, [k, target])
     taken = candidate_keys > kth
     missing = k - count_nonzero(taken)
     if missing > 0:
         taken = set_true_at(taken, compact(candidate_keys == kth)[:missing])
     indices = take(candidates, compact(taken))
-    target, count = math.ceil(CANDIDATE_TARGET * k), int(candidate_keys.shape[0])  # step 4
-    low, high = CANDIDATE_COMFORT
-    if source == "floor" and low * k <= count <= high * k:
+    if keep_floor:                                                              # step 4
         next_floor = floor
     elif count >= target:
-        next_floor = kth_largest(candidate_keys, target)
+        next_floor = target_key
     else:
         next_floor = _lowered(smallest(candidate_keys))
     return TopK(indices, kth, next_floor, source)
@@ -199,7 +250,7 @@ def _sampled_floor(keys, k):
     """The key with about ``CANDIDATE_TARGET * k`` keys above it, by the matching quantile of
     every ``ceil(n / FLOOR_SAMPLE)``-th key."""
     stride = -(-keys.size // FLOOR_SAMPLE)
-    sample = keys.keys[::stride]
+    sample = keys.strided(0, stride)
     size = int(sample.shape[0])
     return kth_largest(sample, min(size, math.ceil(CANDIDATE_TARGET * k * size / keys.size)))
 
@@ -290,6 +341,12 @@ class Rule:
     def select(self, acc, keys, k, step, rank):
         raise NotImplementedError
 
+    def candidate_floor(self):
+        """A key at or below the first key this rule will ask about at its next step, or None:
+        the step's first pass collects the entries that reach it (:mod:`.first_pass`). A hint
+        for speed only: the selection is the same whatever it is."""
+        return None
+
     def state_dict(self):
         return {}
 
@@ -309,6 +366,9 @@ class TopKRule(Rule):
 
     def __init__(self):
         self.floor, self.sampled_floors, self.full_selections = None, 0, 0
+
+    def candidate_floor(self):
+        return self.floor
 
     def select(self, acc, keys, k, step, rank):
         found = top_k(keys, k, self.floor)
@@ -340,6 +400,9 @@ class ThresholdRule(Rule):
     def __init__(self, value):
         self.value = float(value)
 
+    def candidate_floor(self):
+        return key_of(self.value)
+
     def select(self, acc, keys, k, step, rank):
         return keys.at_least(key_of(self.value)), "threshold"
 
@@ -361,6 +424,9 @@ class GaussianRule(Rule):
     def __init__(self, density):
         self.density = float(density)
         self.threshold, self.sigma = None, None
+
+    def candidate_floor(self):
+        return None if self.threshold is None else key_of(self.threshold / ESTIMATE_MARGIN)
 
     def select(self, acc, keys, k, step, rank):
         if keys.size == 0 or k <= 0:
@@ -404,14 +470,20 @@ class SampledRule(Rule):
 
     def __init__(self, density, sample_fraction, seed=SEED):
         self.density, self.sample_fraction, self.seed = float(density), float(sample_fraction), int(seed)
+        # the last settled threshold: only where the next step's candidates start (a hint for
+        # speed, not state: the selection never reads it, so checkpoints leave it out)
+        self._settled = None
 
     def sample(self, keys, step, rank):
-        """The sampled keys (a strided view of ``keys.keys``)."""
+        """The sampled keys (of a strided view of acc)."""
         n = keys.size
         size = max(1, min(n, math.ceil(self.sample_fraction * n)))
         stride = n // size
         start = int(np.random.default_rng([self.seed, int(step), int(rank)]).integers(0, stride))
-        return keys.keys[start::stride][:size]
+        return keys.strided(start, stride, size)
+
+    def candidate_floor(self):
+        return None if self._settled is None else key_of(self._settled / ESTIMATE_MARGIN)
 
     def select(self, acc, keys, k, step, rank):
         if keys.size == 0 or k <= 0:
@@ -419,7 +491,8 @@ class SampledRule(Rule):
         sample = self.sample(keys, step, rank)
         size = int(sample.shape[0])
         estimate = magnitude_of(kth_largest(sample, max(1, math.ceil(self.density * size))))
-        indices, _, method = settle_threshold(keys, estimate, k)
+        indices, used, method = settle_threshold(keys, estimate, k)
+        self._settled = used if math.isfinite(used) and used > 0 else None
         return indices, method
 
 
@@ -489,6 +562,11 @@ class OkTopkLocalRule(Rule):
 
     def __init__(self, tau_prime, nudge=1.012):
         self.local = LocalThreshold(tau_prime, nudge)
+
+    def candidate_floor(self):
+        # the exact steps' floor (below the threshold the other steps ask about)
+        t = self.local.threshold
+        return None if t is None else key_of(t / FLOOR_MARGIN)
 
     def select(self, acc, keys, k, step, rank):
         return self.local.select(keys, k, step)

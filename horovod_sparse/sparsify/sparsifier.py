@@ -24,6 +24,7 @@ from horovod_sparse.ops import host, kernels, namespace
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.ops.indices import compact, isin_sorted, take
 from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, with_prefix, without_prefix
+from horovod_sparse.sparsify.first_pass import CandidateScratch, first_pass, fusable
 from horovod_sparse.sparsify.selection import MagnitudeKeys
 
 #: exchanges whose global selection may drop locally selected entries: the residual
@@ -108,6 +109,7 @@ class Sparsifier(Pipeline):
         self._exchanges = (self.engine,) + ((self.dense_engine,) if self.dense_engine is not None else ())
         self.rank = self.engine.rank
         self.last: Optional[StepInfo] = None
+        self._candidate_scratch = None  # the first pass's candidate buffers (made at the first fused step)
 
     # ------------------------------------------------------------------ state
     @property
@@ -138,17 +140,19 @@ class Sparsifier(Pipeline):
         raises, the sparsifier's state is left as it was before the call; so it is when
         any rank's acc holds an inf or a NaN (NonFiniteGradientError on every rank).
 
-        1. acc = memory.accumulate(grad): grad + residual (DGC: momentum correction),
-           one pass into a spare buffer, and whether it is finite (one reduction);
-        2. local selection by the rule on acc's magnitude keys (one pass for the keys,
-           usually one comparison and one compaction);
+        1. acc = memory.accumulate(grad): grad + residual (DGC: momentum correction)
+           into a spare buffer, whether it is finite, and the entries reaching the rule's
+           candidate floor: one fused pass on the CPU (:mod:`.first_pass`), else the
+           memory's pass, one reduction, and no candidates;
+        2. local selection by the rule on acc's magnitude keys (from the candidates, in
+           O(k); else one pass for the keys, usually one comparison and one compaction);
         3. gather the selected values; only (indices, values) cross to the host;
         4. the exchange (numpy + mpi4py), and the summed pairs back to the device;
         5. cleared = local (allgather/dsa) or local ∩ global selection (oktopk/gtopk);
         6. commit: the residual is acc with zeros at the cleared indices.
         """
-        acc = self._accumulate(grad)                                           # step 1
-        finite = finite and all_finite(acc)
+        acc, acc_finite, candidates = self._first_pass(grad)                  # step 1
+        finite = finite and acc_finite
         rule_state = self.rule.state_dict()
         try:
             warmup = self.step_count < self.warmup_steps  # the same engine on every rank, finite or not
@@ -158,7 +162,7 @@ class Sparsifier(Pipeline):
             elif warmup:
                 local, method, engine = namespace.arange(self.n, acc), "dense", self.dense_engine
             else:
-                local, method = self.rule.select(acc, self._keys(acc), self.k,  # step 2
+                local, method = self.rule.select(acc, self._keys(acc, candidates), self.k,  # step 2
                                                  self.step_count, self.rank)
                 engine = self.engine
             sent = take(acc, local)                                     # step 3
@@ -193,6 +197,17 @@ class Sparsifier(Pipeline):
         kernels.put(out, indices, values)
         return out
 
+    def _first_pass(self, grad):
+        """Step 1: ``(acc, finite, candidates)`` (:func:`~horovod_sparse.sparsify.first_pass.first_pass`)."""
+        pieces = [_as_1d_float(piece, self.n) for piece in (grad if _is_pieces(grad) else [grad])]
+        if sum(int(piece.shape[0]) for piece in pieces) != self.n or not fusable(self.memory, pieces):
+            acc = self._accumulate(grad)  # (raises the ValueError of a wrong length)
+            return acc, all_finite(acc), None
+        if self._candidate_scratch is None:
+            self._candidate_scratch = CandidateScratch(self.n, self.k)
+        return first_pass(self.memory, pieces, self.rule.candidate_floor(), self._candidate_scratch,
+                          accumulate=lambda: self._accumulate(grad))
+
     def _accumulate(self, grad):
         """Step 1 on a buffer or on its pieces; ValueError (state untouched) unless grad is
         1-D float data of n elements in all."""
@@ -211,9 +226,10 @@ class Sparsifier(Pipeline):
             return self.memory.accumulate(flat.astype(np.float32, copy=False))
         return self.memory.accumulate_pieces(pieces)
 
-    def _keys(self, acc):
-        """acc's magnitude keys, in the workspace's buffers."""
-        return MagnitudeKeys(acc, *self._workspace_for(acc))
+    def _keys(self, acc, candidates=None):
+        """acc's magnitude keys, in the workspace's buffers (computed only where the candidates
+        do not answer)."""
+        return MagnitudeKeys(acc, *self._workspace_for(acc), candidates=candidates)
 
     def _new_workspace(self, like):
         """Scratch for the magnitude keys: (keys int32, mask bool); none on TensorFlow, whose

@@ -1,0 +1,116 @@
+"""The sparsifiers' first pass, fused: error feedback, the overflow check and the candidates.
+
+What it replaces (numpy, one pass each, :mod:`horovod_sparse.memory` and
+:mod:`horovod_sparse.sparsify.selection`): ``acc = grad + residual``; ``all_finite(acc)``;
+``keys = |acc|`` as int32 (:func:`~horovod_sparse.ops.magnitude.magnitude_keys`);
+``keys >= floor`` into a mask; the mask's indices. Here that is one loop over 64-entry
+blocks: each block's sums are written, its keys compared with the floor into a 64-bit
+mask (vectorised), and only the marked entries are visited (:func:`~horovod_sparse.ops.cpu.cttz`),
+so the pass reads the gradient and the residual and writes the sums once: the memory bound
+of error feedback, with the selection's candidates for free.
+
+The candidates are every entry whose key is at least ``floor``, in index order, with their
+keys: a selection rule that asks for the entries at or above any key >= floor gets them from
+the candidates (O(candidates)) instead of a pass over the buffer. Their count goes on past
+the buffer's capacity (only the first ones are written), so a caller knows when the set is
+incomplete and takes the full path.
+
+Bits: the sums are the same float32 additions as numpy's (one per element, no fast-math),
+the keys are integers, so everything downstream is the numpy path's, bit for bit.
+
+Example::
+
+    count, nonfinite = accumulate_scan(grad, residual, acc, floor, cand_index, cand_key, 0, 0)
+    # acc == grad + residual; cand_index[:count] == np.flatnonzero(magnitude_keys(acc) >= floor)
+"""
+import numpy as np
+
+from horovod_sparse.ops.cpu import cttz, jit
+
+#: the key of +inf: keys at or above it are inf or NaN (an overflow)
+INF_KEY = 0x7F800000
+#: the largest key (a NaN): the floor of a pass that wants the overflow count, hardly any candidates
+NO_FLOOR = 0x7FFFFFFF
+_BLOCK = 64
+
+
+@jit
+def _collect(bits, lo, size, floor, base, cand_index, cand_key, count):
+    """Append (base + i, key) of the entries lo <= i < lo + size (size <= 64) with key >= floor;
+    returns (count, how many keys are inf or NaN)."""
+    mask = np.uint64(0)
+    bad = 0
+    for j in range(size):
+        key = bits[lo + j] & 0x7FFFFFFF
+        mask |= np.uint64(key >= floor) << np.uint64(j)
+        bad += key >= INF_KEY
+    cap = cand_index.shape[0]
+    while mask:
+        i = lo + np.int64(cttz(mask))
+        mask &= mask - np.uint64(1)
+        if count < cap:
+            cand_index[count] = base + i
+            cand_key[count] = bits[i] & 0x7FFFFFFF
+        count += 1
+    return count, bad
+
+
+@jit
+def accumulate_scan(grad, residual, acc, floor, cand_index, cand_key, count, base):
+    """``acc = grad + residual`` (float32, 1-D, same length; acc may be neither input), and the
+    candidates of acc at or above ``floor`` (an int32 key) appended at ``count`` (indices
+    offset by ``base``). Returns ``(count, nonfinite)``: the candidates found so far in all,
+    and how many entries of acc are inf or NaN."""
+    bits = acc.view(np.int32)
+    n = acc.shape[0]
+    bad = 0
+    full = n - n % _BLOCK
+    for lo in range(0, full, _BLOCK):  # whole blocks: a fixed trip count, so the loops vectorise
+        for j in range(_BLOCK):
+            acc[lo + j] = grad[lo + j] + residual[lo + j]
+        count, b = _collect(bits, lo, _BLOCK, floor, base, cand_index, cand_key, count)
+        bad += b
+    for i in range(full, n):
+        acc[i] = grad[i] + residual[i]
+    count, b = _collect(bits, full, n - full, floor, base, cand_index, cand_key, count)
+    return count, bad + b
+
+
+@jit
+def momentum_scan(grad, velocity, residual, momentum, velocity_out, acc, floor, cand_index, cand_key,
+                  count, base):
+    """DGC's momentum correction (:class:`~horovod_sparse.memory.MomentumCorrection`) fused:
+    ``u = momentum * velocity + grad`` into ``velocity_out`` (the multiply, then the add, in
+    float32, as numpy's two passes), ``acc = residual + u``, and the candidates as
+    :func:`accumulate_scan`."""
+    bits = acc.view(np.int32)
+    n = acc.shape[0]
+    bad = 0
+    full = n - n % _BLOCK
+    for lo in range(0, full, _BLOCK):
+        for j in range(_BLOCK):
+            u = velocity[lo + j] * momentum + grad[lo + j]
+            velocity_out[lo + j] = u
+            acc[lo + j] = residual[lo + j] + u
+        count, b = _collect(bits, lo, _BLOCK, floor, base, cand_index, cand_key, count)
+        bad += b
+    for i in range(full, n):
+        u = velocity[i] * momentum + grad[i]
+        velocity_out[i] = u
+        acc[i] = residual[i] + u
+    count, b = _collect(bits, full, n - full, floor, base, cand_index, cand_key, count)
+    return count, bad + b
+
+
+@jit
+def scan(acc, floor, cand_index, cand_key, count, base):
+    """The candidates and the overflow count of an ``acc`` already written (no error feedback)."""
+    bits = acc.view(np.int32)
+    n = acc.shape[0]
+    bad = 0
+    full = n - n % _BLOCK
+    for lo in range(0, full, _BLOCK):
+        count, b = _collect(bits, lo, _BLOCK, floor, base, cand_index, cand_key, count)
+        bad += b
+    count, b = _collect(bits, full, n - full, floor, base, cand_index, cand_key, count)
+    return count, bad + b

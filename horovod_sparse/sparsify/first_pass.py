@@ -1,0 +1,121 @@
+"""A sparsifier step's first pass over the gradient: what to compress, whether it is finite,
+and the candidates of the selection.
+
+One call, two spellings of the same result:
+
+* fused (:mod:`horovod_sparse.ops.cpu.sparsify`, numba), for float32 gradients on the CPU
+  (numpy, or torch tensors through zero-copy views) with error feedback or DGC's momentum
+  correction: acc is written, its inf and NaN counted, and every entry whose magnitude key
+  reaches the rule's candidate floor collected (index and key), in the one pass error
+  feedback needs anyway;
+* otherwise the memory's own passes (:mod:`horovod_sparse.memory`), then
+  :func:`~horovod_sparse.ops.finite.all_finite`; no candidates: the rule computes the keys
+  (:class:`~horovod_sparse.sparsify.selection.MagnitudeKeys`).
+
+The selection is the same either way: candidates only answer, in O(candidates), the
+questions the keys would have answered in a pass ("which entries reach this key?").
+
+Example::
+
+    acc, finite, candidates = first_pass(memory, pieces, floor=rule.candidate_floor(), scratch=scratch)
+"""
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from horovod_sparse.memory import ErrorFeedback, MomentumCorrection
+from horovod_sparse.ops import cpu
+from horovod_sparse.ops.cpu import sparsify as fused
+from horovod_sparse.ops.finite import all_finite
+from horovod_sparse.ops.namespace import is_tensorflow
+from horovod_sparse.ops.views import as_like, numpy_view
+
+#: the candidate buffers hold this many entries per k, and at least 1/CANDIDATE_SHARE of the buffer
+CANDIDATES_PER_K = 4
+CANDIDATE_SHARE = 32
+
+
+@dataclass
+class Candidates:
+    """Every entry of acc whose magnitude key is at least ``floor``, in index order.
+
+    indices : sorted int64 indices (acc's library); keys : their int32 keys;
+    count : how many entries reach the floor, written or not;
+    complete : whether all ``count`` of them are in ``indices`` (the buffer may hold fewer).
+    """
+
+    floor: int
+    indices: Any
+    keys: Any
+    count: int
+
+    @property
+    def complete(self):
+        return int(self.indices.shape[0]) == self.count
+
+
+class CandidateScratch:
+    """The candidate buffers of one buffer of ``n`` entries with target ``k``, reused between
+    steps (numpy: what the kernel writes into; a torch tensor sees them without a copy)."""
+
+    def __init__(self, n, k):
+        capacity = min(n, max(CANDIDATES_PER_K * k, n // CANDIDATE_SHARE) + 64)
+        self.index = np.empty(capacity, np.int64)
+        self.key = np.empty(capacity, np.int32)
+
+
+def fusable(memory, pieces):
+    """Whether the fused pass can serve: kernels on, a memory it knows, float32 pieces on the CPU."""
+    if not cpu.enabled() or not pieces:
+        return False
+    if not (isinstance(memory, MomentumCorrection) or (isinstance(memory, ErrorFeedback) and memory.enabled)):
+        return False
+    for piece in pieces:
+        if is_tensorflow(piece):
+            return False
+        view = numpy_view(piece)
+        if view is None or view.dtype != np.float32:
+            return False
+    return True
+
+
+def first_pass(memory, pieces, floor, scratch, accumulate):
+    """``(acc, finite, candidates)`` of this step's gradient ``pieces`` (1-D float arrays, the
+    buffer back to back).
+
+    memory : the sparsifier's :class:`~horovod_sparse.memory.Memory`; its state is only read.
+    floor : the rule's candidate floor (an int key), or None (no candidates wanted).
+    scratch : a :class:`CandidateScratch`.
+    accumulate : the unfused spelling, ``accumulate() -> acc`` (the memory's own passes).
+    candidates is None on the unfused path.
+    """
+    if not fusable(memory, pieces):
+        acc = accumulate()
+        return acc, all_finite(acc), None
+    like = pieces[0]
+    floor = fused.NO_FLOOR if floor is None else int(floor)
+    floor32 = np.int32(floor)
+    count = nonfinite = offset = 0
+    if isinstance(memory, MomentumCorrection):
+        velocity, velocity_out = (numpy_view(a) for a in memory.buffers("velocity", like))
+        residual, acc = memory.buffers("residual", like)
+        residual_v, acc_v = numpy_view(residual), numpy_view(acc)
+        momentum = np.float32(memory.momentum)
+        for piece in pieces:
+            part = slice(offset, offset + int(piece.shape[0]))
+            count, bad = fused.momentum_scan(
+                numpy_view(piece), velocity[part], residual_v[part], momentum, velocity_out[part], acc_v[part],
+                floor32, scratch.index, scratch.key, count, offset)
+            nonfinite, offset = nonfinite + bad, part.stop
+    else:
+        residual, acc = memory.buffers("residual", like)
+        residual_v, acc_v = numpy_view(residual), numpy_view(acc)
+        for piece in pieces:
+            part = slice(offset, offset + int(piece.shape[0]))
+            count, bad = fused.accumulate_scan(
+                numpy_view(piece), residual_v[part], acc_v[part], floor32, scratch.index, scratch.key, count, offset)
+            nonfinite, offset = nonfinite + bad, part.stop
+    written = min(count, scratch.index.shape[0])
+    candidates = Candidates(floor, as_like(scratch.index[:written], acc), as_like(scratch.key[:written], acc), count)
+    return acc, nonfinite == 0, candidates

@@ -1,0 +1,192 @@
+"""The sparsifiers' fused first pass (horovod_sparse.ops.cpu.sparsify) against numpy, bit for bit.
+
+Kernel level: acc, the candidates (indices, keys, count past the buffer's capacity) and the
+overflow count equal numpy's separate passes on random and adversarial inputs. Pipeline level:
+every sparsifier, several steps, gives the same outputs, state and step records with the
+kernels on and with ``numpy_only()``, on numpy arrays and CPU tensors, whole or in pieces; an
+overflow changes nothing either way.
+"""
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import horovod_sparse
+from horovod_sparse.errors import NonFiniteGradientError
+from horovod_sparse.ops import cpu
+from horovod_sparse.ops.magnitude import magnitude_keys
+
+pytestmark = pytest.mark.skipif(not cpu.available(), reason="numba is not installed")
+fused = pytest.importorskip("horovod_sparse.ops.cpu.sparsify")
+
+LENGTHS = [0, 1, 7, 63, 64, 65, 129, 1000, 100003]
+
+
+def bits(x):
+    return np.asarray(x, np.float32).view(np.int32)
+
+
+def adversarial(n, rng, kind):
+    """float32 vectors that stress the keys: ties, zeros of both signs, denormals, overflows."""
+    x = rng.standard_normal(n).astype(np.float32)
+    if kind == "ties":
+        x = rng.choice(np.array([-1.5, 1.5, 0.5, -0.0, 0.0], np.float32), n)
+    elif kind == "zeros":
+        x = np.where(rng.random(n) < 0.5, np.float32(-0.0), np.float32(0.0)).astype(np.float32)
+    elif kind == "denormals":
+        x = (rng.standard_normal(n) * 1e-41).astype(np.float32)
+    elif kind == "nonfinite" and n:
+        x[rng.integers(0, n, max(1, n // 50))] = rng.choice(np.array([np.inf, -np.inf, np.nan], np.float32))
+    return x
+
+
+def unaligned(x):
+    """The same values in a buffer that starts 4 bytes past an allocation (not vector-aligned)."""
+    base = np.empty(x.size + 1, np.float32)
+    base[1:] = x
+    return base[1:]
+
+
+def numpy_candidates(acc, floor):
+    keys = magnitude_keys(np.ascontiguousarray(acc))
+    picked = np.flatnonzero(keys >= floor)
+    return picked, keys[picked], int(np.count_nonzero(~np.isfinite(acc)))
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("kind", ["normal", "ties", "zeros", "denormals", "nonfinite"])
+def test_accumulate_scan_equals_numpy(n, kind):
+    rng = np.random.default_rng(n)
+    grad, residual = unaligned(adversarial(n, rng, kind)), adversarial(n, rng, kind)
+    acc = unaligned(np.zeros(n, np.float32))
+    expected = grad + residual
+    floor = int(np.median(magnitude_keys(expected))) if n else 0
+    index, key = np.empty(n + 1, np.int64), np.empty(n + 1, np.int32)
+    count, nonfinite = fused.accumulate_scan(grad, residual, acc, np.int32(floor), index, key, 0, 0)
+    want_index, want_key, want_nonfinite = numpy_candidates(expected, floor)
+    assert np.array_equal(bits(acc), bits(expected))
+    assert count == want_index.size and nonfinite == want_nonfinite
+    assert np.array_equal(index[:count], want_index) and np.array_equal(key[:count], want_key)
+
+
+@pytest.mark.parametrize("n", [1, 65, 1000, 100003])
+def test_momentum_scan_equals_numpy_two_passes(n):
+    rng = np.random.default_rng(n)
+    grad, velocity, residual = (adversarial(n, rng, "normal") for _ in range(3))
+    grad[::97] = np.float32(-0.0)
+    momentum = np.float32(0.9)
+    u_out, acc = np.empty(n, np.float32), unaligned(np.empty(n, np.float32))
+    floor = int(magnitude_keys(np.float32([1.0]))[0])
+    index, key = np.empty(n, np.int64), np.empty(n, np.int32)
+    count, nonfinite = fused.momentum_scan(grad, velocity, residual, momentum, u_out, acc, np.int32(floor),
+                                           index, key, 0, 0)
+    u = np.multiply(velocity, momentum)  # the numpy path: two passes, the same float32 operations
+    u = np.add(u, grad)
+    assert np.array_equal(bits(u_out), bits(u)) and np.array_equal(bits(acc), bits(residual + u))
+    want_index, want_key, _ = numpy_candidates(residual + u, floor)
+    assert count == want_index.size and nonfinite == 0 and np.array_equal(index[:count], want_index)
+
+
+def test_count_goes_on_past_the_capacity_and_pieces_continue_it():
+    rng = np.random.default_rng(3)
+    acc = rng.standard_normal(10_000).astype(np.float32)
+    floor = int(magnitude_keys(np.float32([0.5]))[0])
+    want, want_keys, _ = numpy_candidates(acc, floor)
+    index, key = np.empty(100, np.int64), np.empty(100, np.int32)
+    count, _ = fused.scan(acc[:4000], np.int32(floor), index, key, 0, 0)     # piece 1 at offset 0
+    count, _ = fused.scan(acc[4000:], np.int32(floor), index, key, count, 4000)  # piece 2 at 4000
+    assert count == want.size > 100
+    assert np.array_equal(index, want[:100]) and np.array_equal(key, want_keys[:100])
+
+
+def test_no_floor_collects_only_the_largest_nans_and_counts_overflows():
+    acc = np.array([1.0, np.inf, -np.inf, np.nan, 3e38, -0.0], np.float32)
+    index, key = np.empty(6, np.int64), np.empty(6, np.int32)
+    count, nonfinite = fused.scan(acc, np.int32(fused.NO_FLOOR), index, key, 0, 0)
+    assert nonfinite == 3 and count == 0  # numpy's NaN is 0x7FC00000, below the all-ones NaN
+    all_ones_nan = np.array([-1], np.int32).view(np.float32)  # key 0x7FFFFFFF, the largest
+    count, _ = fused.scan(all_ones_nan, np.int32(fused.NO_FLOOR), index, key, 0, 0)
+    assert count == 1 and key[0] == fused.NO_FLOOR
+
+
+# ------------------------------------------------------------------------------ pipelines
+SPECS = ["topk", "topk:density=0.05", "topk:exchange=oktopk", "topk:exchange=gtopk", "oktopk",
+         "oktopk:warmup_steps=2", "gaussiank", "threshold:value=1.5", "dgc", "topk:density=1.0"]
+
+
+def run(spec, grads, as_torch=False, pieces=None, numpy_only=False):
+    """Every step's (indices, values), the records and the final state of one sparsifier."""
+    compressor = horovod_sparse.create(spec)
+    out = []
+    with compressor.make_pipeline(grads[0].size, MPI.COMM_SELF) as sparsifier:
+        with (cpu.numpy_only() if numpy_only else _nothing()):
+            for grad in grads:
+                g = torch.from_numpy(grad.copy()) if as_torch else grad.copy()
+                if pieces:
+                    g = [g[a:b] for a, b in zip([0] + pieces, pieces + [grad.size])]
+                indices, values = sparsifier.step_sparse(g)
+                info = sparsifier.last
+                out.append((np.asarray(indices).copy(), bits(np.asarray(values)).copy(), info.method,
+                            np.asarray(info.cleared_indices).copy()))
+        state = sparsifier.state_dict()
+        assert (sparsifier._candidate_scratch is not None) == (not numpy_only)  # the path under test ran
+    return out, state
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def assert_same(a, b):
+    (steps_a, state_a), (steps_b, state_b) = a, b
+    for x, y in zip(steps_a, steps_b):
+        assert np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) and x[2] == y[2]
+        assert np.array_equal(x[3], y[3])
+    assert state_a.keys() == state_b.keys()
+    for key in state_a:
+        va, vb = np.asarray(state_a[key]), np.asarray(state_b[key])
+        same = np.array_equal(va.view(np.int32), vb.view(np.int32)) if va.dtype == np.float32 else \
+            np.array_equal(va, vb)
+        assert same, key
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_every_sparsifier_steps_the_same_with_kernels_and_numpy(spec, as_torch):
+    rng = np.random.default_rng(7)
+    n = 5003
+    grads = [(rng.standard_normal(n) * (1 + step)).astype(np.float32) for step in range(6)]
+    grads[2][::11] = 0.0
+    grads[3][::13] = np.float32(-0.0)
+    grads[4][100:140] = np.float32(2.0)  # ties
+    assert_same(run(spec, grads, as_torch), run(spec, grads, as_torch, numpy_only=True))
+
+
+@pytest.mark.parametrize("spec", ["topk", "dgc", "gaussiank"])
+def test_pieces_step_the_same_as_the_fused_buffer(spec):
+    rng = np.random.default_rng(11)
+    grads = [rng.standard_normal(3001).astype(np.float32) for _ in range(4)]
+    whole = run(spec, grads, as_torch=True, numpy_only=True)
+    assert_same(run(spec, grads, as_torch=True, pieces=[1, 64, 1000, 2999]), whole)
+
+
+@pytest.mark.parametrize("spec", ["topk", "dgc", "oktopk"])
+def test_an_overflow_changes_nothing_with_kernels_on(spec):
+    rng = np.random.default_rng(5)
+    n = 2000
+    compressor = horovod_sparse.create(spec)
+    with compressor.make_pipeline(n, MPI.COMM_SELF) as sparsifier:
+        for _ in range(3):
+            sparsifier.step(rng.standard_normal(n).astype(np.float32))
+        before = sparsifier.state_dict()
+        bad = rng.standard_normal(n).astype(np.float32)
+        bad[1234] = np.inf
+        with pytest.raises(NonFiniteGradientError):
+            sparsifier.step(bad)
+        after = sparsifier.state_dict()
+    for key in before:
+        assert np.array_equal(np.asarray(before[key]), np.asarray(after[key])), key
