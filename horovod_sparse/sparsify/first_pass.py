@@ -13,7 +13,10 @@ One call, two spellings of the same result:
   (:class:`~horovod_sparse.sparsify.selection.MagnitudeKeys`).
 
 The selection is the same either way: candidates only answer, in O(candidates), the
-questions the keys would have answered in a pass ("which entries reach this key?").
+questions the keys would have answered in a pass ("which entries reach this key?"); a
+question they cannot answer (a key below their floor, or more entries than the buffers
+hold) costs one read pass of acc (:func:`rescan`) instead of numpy's keys, mask and
+compaction.
 
 Example::
 
@@ -60,9 +63,14 @@ class CandidateScratch:
     steps (numpy: what the kernel writes into; a torch tensor sees them without a copy)."""
 
     def __init__(self, n, k):
-        capacity = min(n, max(CANDIDATES_PER_K * k, n // CANDIDATE_SHARE) + 64)
-        self.index = np.empty(capacity, np.int64)
-        self.key = np.empty(capacity, np.int32)
+        self.room(min(n, max(CANDIDATES_PER_K * k, n // CANDIDATE_SHARE) + 64))
+
+    def room(self, capacity):
+        """Make the buffers hold at least ``capacity`` candidates (they only grow: a rule whose
+        selections are larger than the estimate keeps the larger buffers)."""
+        if getattr(self, "index", None) is None or self.index.shape[0] < capacity:
+            self.index = np.empty(capacity, np.int64)
+            self.key = np.empty(capacity, np.int32)
 
 
 def fusable(memory, pieces):
@@ -78,6 +86,17 @@ def fusable(memory, pieces):
         if view is None or view.dtype != np.float32:
             return False
     return True
+
+
+def rescan(acc, floor, scratch, room=0):
+    """The :class:`Candidates` of an acc already written at another ``floor``: one read pass
+    (:func:`~horovod_sparse.ops.cpu.sparsify.scan`), where a rule asks below the first pass's
+    floor, or where that floor left more candidates than the buffers hold (``room``: make
+    the buffers hold that many first)."""
+    scratch.room(room)
+    count, _ = fused.scan(numpy_view(acc), np.int32(floor), scratch.index, scratch.key, 0, 0)
+    written = min(count, scratch.index.shape[0])
+    return Candidates(int(floor), as_like(scratch.index[:written], acc), as_like(scratch.key[:written], acc), count)
 
 
 def first_pass(memory, pieces, floor, scratch, accumulate):

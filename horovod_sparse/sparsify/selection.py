@@ -92,16 +92,18 @@ class MagnitudeKeys:
         to step (allocated here if None).
     candidates : None, or the :class:`~horovod_sparse.sparsify.first_pass.Candidates` the
         step's first pass collected: every entry whose key reaches their floor. Questions
-        about keys at or above that floor are answered from them, and the keys of the
-        whole buffer are computed only if a question goes below it (the same answers).
+        about keys at or above that floor are answered from them; one below it (or beyond
+        what they hold) is answered by ``rescan(key)`` (new candidates, one read pass) where
+        given, else by the keys of the whole buffer, computed then (the same answers).
 
     :meth:`count_at_least` marks the entries at or above a key (one comparison pass)
     and :meth:`at_least` compacts the marked entries into indices, so "count, check
     the bounds, then take" costs a single comparison.
     """
 
-    def __init__(self, acc, keys=None, mask=None, candidates=None):
+    def __init__(self, acc, keys=None, mask=None, candidates=None, rescan=None):
         self.acc, self.size = acc, int(acc.shape[0])
+        self._rescan = rescan  # rescan(key) -> the candidates at another floor (one read pass), or None
         scratch = not is_tensorflow(acc)  # TensorFlow makes new tensors: no scratch to reuse
         self._keys_out = keys if keys is not None or not scratch else empty(self.size, "int32", acc)
         self._keys = None
@@ -130,12 +132,20 @@ class MagnitudeKeys:
             return c.count
         if self._covers(key):
             return count_nonzero(c.keys >= key)
+        if self._rescan is not None and self._keys is None:
+            self.candidates, self._answered = self._rescan(key), None  # (the scratch they viewed is rewritten)
+            return self.candidates.count
         self._marked = key
         self.mask, count = mark_at_least(self.keys, key, self.mask)
         return count
 
     def at_least(self, key):
         """Sorted int64 indices whose key is >= ``key``."""
+        if not self._covers(key) and self._rescan is not None and self._keys is None:
+            c = self.candidates
+            self.candidates, self._answered = self._rescan(key, c.count if key == c.floor else 0), None
+            if not self.candidates.complete:  # more than the buffers held: now they hold them all
+                self.candidates = self._rescan(key, self.candidates.count)
         if self._covers(key):
             c = self.candidates
             if key == c.floor:  # all of them: the indices copied out of the scratch (the caller may keep them)

@@ -24,7 +24,7 @@ from horovod_sparse.ops import host, kernels, namespace
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.ops.indices import compact, isin_sorted, take
 from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, with_prefix, without_prefix
-from horovod_sparse.sparsify.first_pass import CandidateScratch, first_pass, fusable
+from horovod_sparse.sparsify.first_pass import CandidateScratch, first_pass, fusable, rescan
 from horovod_sparse.sparsify.selection import MagnitudeKeys
 
 #: exchanges whose global selection may drop locally selected entries: the residual
@@ -229,7 +229,9 @@ class Sparsifier(Pipeline):
     def _keys(self, acc, candidates=None):
         """acc's magnitude keys, in the workspace's buffers (computed only where the candidates
         do not answer)."""
-        return MagnitudeKeys(acc, *self._workspace_for(acc), candidates=candidates)
+        rescan_at = None if candidates is None else (
+            lambda key, room=0: rescan(acc, key, self._candidate_scratch, room))
+        return MagnitudeKeys(acc, *self._workspace_for(acc), candidates=candidates, rescan=rescan_at)
 
     def _new_workspace(self, like):
         """Scratch for the magnitude keys: (keys int32, mask bool); none on TensorFlow, whose

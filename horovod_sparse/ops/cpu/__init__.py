@@ -79,24 +79,32 @@ def jit(function):
     return numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")(function)
 
 
-def _count_trailing_zeros():
-    """``cttz(x)``: the index of the lowest set bit of a non-zero uint64, one instruction
-    (LLVM's cttz): how a kernel visits the marked entries of a 64-entry block."""
+def _bit_intrinsics():
+    """``cttz(x)``, the index of the lowest set bit of a non-zero uint64, and ``popcount(x)``, how
+    many bits are set: one instruction each (LLVM's cttz and ctpop). How a kernel visits, or
+    counts, the marked entries of a 64-entry block."""
     if numba is None:
-        return None
+        return None, None
     from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic
 
+    i64 = ir.IntType(64)
+
     @intrinsic
     def cttz(typingctx, x):
-        i64 = ir.IntType(64)
-
         def codegen(context, builder, signature, args):
             fn = builder.module.declare_intrinsic("llvm.cttz", [i64], ir.FunctionType(i64, [i64, ir.IntType(1)]))
             return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 0)])
         return types.uint64(types.uint64), codegen
-    return cttz
+
+    @intrinsic
+    def popcount(typingctx, x):
+        def codegen(context, builder, signature, args):
+            fn = builder.module.declare_intrinsic("llvm.ctpop", [i64], ir.FunctionType(i64, [i64]))
+            return builder.call(fn, [args[0]])
+        return types.uint64(types.uint64), codegen
+    return cttz, popcount
 
 
-cttz = _count_trailing_zeros()
+cttz, popcount = _bit_intrinsics()

@@ -25,7 +25,7 @@ Example::
 """
 import numpy as np
 
-from horovod_sparse.ops.cpu import cttz, jit
+from horovod_sparse.ops.cpu import cttz, jit, popcount
 
 #: the key of +inf: keys at or above it are inf or NaN (an overflow)
 INF_KEY = 0x7F800000
@@ -45,6 +45,8 @@ def _collect(bits, lo, size, floor, base, cand_index, cand_key, count):
         mask |= np.uint64(key >= floor) << np.uint64(j)
         bad += key >= INF_KEY
     cap = cand_index.shape[0]
+    if count >= cap:  # the buffers are full: count the rest only
+        return count + np.int64(popcount(mask)), bad
     while mask:
         i = lo + np.int64(cttz(mask))
         mask &= mask - np.uint64(1)
