@@ -90,6 +90,10 @@ class Pipeline(ClosesOnExit):
     #: ``step`` returns a new buffer at every call (one the caller may keep past the next step);
     #: False where a pipeline reuses its result buffer
     fresh_result = False
+    #: ``step`` also takes ``grad`` as a list of 1-D float pieces that are the buffer back to back
+    #: (a step's gradients, flattened), read where they are: the frontends then skip the fused
+    #: copy (:mod:`horovod_sparse.step.bucket`)
+    takes_pieces = False
     _workspace = _workspace_place = None
 
     def step(self, grad, tag=0, finite=True):

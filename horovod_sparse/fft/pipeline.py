@@ -36,8 +36,10 @@ step on every rank:
 
 Passes over n per step: the accumulate, the two transforms' worth of reading and writing
 (forward; the inverse twice with error feedback), the energies (read S, write C keys),
-one comparison and one compaction over the keys, zeroing S (twice) and the residual's
-subtraction.
+one comparison and one compaction over the keys, zeroing S (twice), the residual's
+subtraction and the overflow check. With the compiled kernels (:mod:`horovod_sparse.ops.cpu`;
+numpy or CPU torch buffers) the overflow check is folded into the accumulate and the
+energies are one pass from S to the keys; the same bits (the transforms stay pocketfft).
 
 TensorFlow's transforms (``tf.signal``) are not pocketfft's bit for bit: a TensorFlow step
 agrees with a numpy step to float32 FFT rounding (relative L2 ~1e-7 per transform, inside
@@ -79,7 +81,8 @@ import numpy as np
 from horovod_sparse.checks import check_int
 from horovod_sparse.exchange import SparseAllreduce, mask_in_sorted
 from horovod_sparse.memory import ErrorFeedback
-from horovod_sparse.ops import host, namespace, views
+from horovod_sparse.ops import cpu, host, namespace, views
+from horovod_sparse.ops.cpu.lowrank import accumulate_finite
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, saved_array
 from horovod_sparse.quantize.rangefloat import SPLITS, RangeFloatCodec
@@ -222,11 +225,11 @@ class FFTSparsifier(Pipeline):
         are left as they were; so they are when any rank's acc holds an inf or a NaN
         (NonFiniteGradientError on every rank).
         """
-        acc = self.memory.accumulate(_float32(grad, self.n))                        # step 1
+        acc, acc_finite = self._accumulate(_float32(grad, self.n))                  # step 1
         theta, kept_count = self.theta_at(self.step_count), self.kept_for(self.step_count)
         if self.exchange == "oktopk":
             self.engine.set_k(max(1, 2 * kept_count))
-        if not (finite and all_finite(acc)):  # nothing worth transforming: every rank skips
+        if not (finite and acc_finite()):  # nothing worth transforming: every rank skips
             self.engine.allreduce(np.empty(0, np.int64), np.empty(0, np.float32), tag=tag, finite=False)
             raise AssertionError("unreachable: the exchange went on with a non-finite gradient")
         ws = self._workspace_for(acc)
@@ -261,6 +264,20 @@ class FFTSparsifier(Pipeline):
 
     def _new_workspace(self, like):
         return _Workspace(self.spectrum, like, self.numpy_on_cpu)
+
+    def _accumulate(self, grad):
+        """Step 1: ``(acc, finite)``, ``finite()`` telling whether acc is all finite. With the
+        compiled kernels (numpy or a CPU tensor run through numpy, error feedback on) acc is
+        written into the residual's spare and checked in the same pass
+        (:func:`~horovod_sparse.ops.cpu.lowrank.accumulate_finite`); else the memory
+        accumulates and the check is a pass of its own. The state is untouched either way."""
+        view = views.numpy_view(grad) if self.numpy_on_cpu else None
+        if not (cpu.enabled() and self.error_feedback and view is not None):
+            acc = self.memory.accumulate(grad)
+            return acc, lambda: all_finite(acc)
+        state, spare = self.memory.buffers("residual", grad)
+        ok = accumulate_finite(view, views.numpy_view(state), views.numpy_view(spare))
+        return spare, lambda: ok
 
     def _inverse_sparse(self, positions, values, out, ws):
         """out = the inverse transform of the spectrum that is ``values`` at ``positions``

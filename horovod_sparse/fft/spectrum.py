@@ -31,7 +31,8 @@ import sys
 
 import numpy as np
 
-from horovod_sparse.ops import kernels, magnitude, namespace, views
+from horovod_sparse.ops import cpu, kernels, magnitude, namespace, views
+from horovod_sparse.ops.cpu import spectrum as cpu_spectrum
 from horovod_sparse.ops.indices import take
 
 #: coefficients per block when the energies are computed (the squares stay in cache)
@@ -124,7 +125,8 @@ class ChunkedSpectrum:
         Computed in float32 as (re*re + im*im), halved for DC and Nyquist: scaling by a
         power of two ranks like the weights 1 and 2 do, and cannot overflow. The keys are
         the float bits (:func:`~horovod_sparse.ops.magnitude.magnitude_keys`): exact integer
-        comparisons, NaN above everything. TensorFlow: the same float32 operations, on new
+        comparisons, NaN above everything. numpy buffers with the compiled kernels enabled:
+        :func:`horovod_sparse.ops.cpu.spectrum.energy_keys`, one pass, the same keys. TensorFlow: the same float32 operations, on new
         tensors (``out``, ``scratch`` and ``block`` unused).
         """
         if namespace.is_tensorflow(spectrum):
@@ -138,6 +140,9 @@ class ChunkedSpectrum:
             if self.tail:
                 full.append(energies[split:] * _edge_weights(self.tail))
             return magnitude.magnitude_keys(_tf_concat(full, spectrum))
+        if cpu.enabled() and isinstance(spectrum, np.ndarray):  # one pass, the same keys
+            cpu_spectrum.energy_keys(spectrum, out, self.full_chunks, self.chunk_size, self.tail)
+            return views.int_view(out)
         lib = namespace.backend(spectrum)
         pairs = spectrum.reshape(-1, 2)
         for start in range(0, self.n_coefficients, block):

@@ -51,8 +51,13 @@ so the result is bitwise identical across ranks either way.
 
 Passes over the buffer per step: the accumulate (read 2, write 1), P = M Q and
 Q = M^T P (read 1 each), the result (write 1, a new buffer) and the residual (read and
-write acc once, the products staying in cache). TensorFlow's immutable tensors add copies
-(the slices and the concatenations that put a buffer together), a pass or two each.
+write acc once, the products staying in cache), and the overflow check (read 1).
+TensorFlow's immutable tensors add copies (the slices and the concatenations that put a
+buffer together), a pass or two each. On a CPU with the compiled kernels
+(:mod:`horovod_sparse.ops.cpu.lowrank`, numpy or CPU torch buffers) the overflow check is
+folded into the accumulate and the result and the residual are written in one pass: the
+same bits as the numpy path, which stays the fallback and the reference. On a CPU either
+way the result's buffer is the previous step's when the caller let go of it (no page faults).
 
 Bytes (payload, counted by CountingComm's ring model, sent = received), per step:
 ``8 * (N1 - c(N1)) + 8 * (N2 - c(N2))`` with ``N1 = sum_m r_m a_m + dense_n`` (P's and the
@@ -71,7 +76,8 @@ from horovod_sparse.exchange.comm import CountingComm
 from horovod_sparse.errors import ExchangeError, NonFiniteGradientError
 from horovod_sparse.exchange.validation import agree_call, identity_code
 from horovod_sparse.memory import ErrorFeedback
-from horovod_sparse.ops import host, namespace
+from horovod_sparse.ops import cpu, host, namespace, views
+from horovod_sparse.ops.cpu import lowrank as cpu_lowrank
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.pipeline import Pipeline, saved_array
 
@@ -215,6 +221,7 @@ class PowerSGDPipeline(Pipeline):
         self._memory = ErrorFeedback(self.n, self.error_feedback)
         self._q = [self._draw(i, 0) for i in range(len(self.plan.matrices))]
         self._calls = 0
+        self._result_buffer = None  # step 6's output, reused once the caller let go of it
         self.last: Optional[PowerSGDStepInfo] = None
 
     # ------------------------------------------------------------------ state
@@ -284,13 +291,14 @@ class PowerSGDPipeline(Pipeline):
         before = self._comm.traffic
         code, detail, grad = self._checked(grad)
         plan = self.plan
-        acc = None if grad is None else self._memory.accumulate(grad)              # step 1
+        fused = grad is not None and self._fused_on(grad)
+        acc, acc_finite = self._accumulate(grad, fused)                             # step 1
         call, self._calls = self._calls, self._calls + 1  # on every rank, also when rejected
         try:
             agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
                        error_code=code, error_detail=detail, k=self.approx_rank,
                        count=plan.p_size + plan.dense_size, algorithm_names=_ALGORITHM_NAMES,
-                       exchange="PowerSGD", error_texts=_ERROR_TEXTS, finite=acc is None or (finite and all_finite(acc)))
+                       exchange="PowerSGD", error_texts=_ERROR_TEXTS, finite=acc is None or (finite and acc_finite()))
         except NonFiniteGradientError:
             self._calls = call  # a skipped step is not counted: the next runs as if it had not been
             raise
@@ -329,12 +337,17 @@ class PowerSGDPipeline(Pipeline):
 
         # Step 6 in the buffer's own library: element-wise work, where torch's CPU kernels
         # beat numpy's broadcasting ones (4096 x 2048 outer product: 1 vs 4 ms).
-        out = _new_result(self.n, acc)                                              # step 6
-        out = _spliced(out, self._expand(out, basis, q_sum, ws)
-                       + _scatter_dense(plan, host.from_host(p_summed[plan.p_size:], acc), out))
+        out = self._result(acc)                                                     # step 6
+        dense_sum = host.from_host(p_summed[plan.p_size:], acc)
+        if fused:  # the result and the residual in one pass
+            self._expand_fused(out, acc, basis, q_sum, q_local)
+            _scatter_dense(plan, dense_sum, out)
+        else:
+            out = _spliced(out, self._expand(out, basis, q_sum, ws) + _scatter_dense(plan, dense_sum, out))
         factors = tuple(namespace.copy_of(x) for x in (basis, q_local, _part(send, slice(plan.p_size, None))))
         if self.error_feedback:
-            acc = _spliced(acc, self._expand(acc, basis, q_local, ws, subtract=True))
+            if not fused:
+                acc = _spliced(acc, self._expand(acc, basis, q_local, ws, subtract=True))
             self._memory.commit_cleared(acc, ws.dense_positions)
         if self.warm_start:
             self._q = [q_summed[q_span].reshape(block.cols, block.rank).copy()
@@ -346,6 +359,52 @@ class PowerSGDPipeline(Pipeline):
 
     def _new_workspace(self, like):
         return _Workspace(self.plan, like)
+
+    # ------------------------------------------------- fused CPU kernels
+    def _fused_on(self, grad):
+        """Whether this step runs the compiled kernels (:mod:`horovod_sparse.ops.cpu.lowrank`):
+        they are enabled and the gradient is numpy or a CPU tensor run through numpy."""
+        return cpu.enabled() and self.numpy_on_cpu and views.numpy_view(grad) is not None
+
+    def _accumulate(self, grad, fused):
+        """Step 1: ``(acc, finite)``, ``finite()`` telling whether acc is all finite. The
+        kernels write acc into the residual's spare and check it in the same pass; the numpy
+        path accumulates, and checks in a pass of its own when asked. The state is untouched."""
+        if grad is None:
+            return None, lambda: True
+        if not fused or not self.error_feedback:
+            acc = self._memory.accumulate(grad)
+            return acc, lambda: all_finite(acc)
+        state, spare = self._memory.buffers("residual", grad)
+        ok = cpu_lowrank.accumulate_finite(views.numpy_view(grad), views.numpy_view(state),
+                                           views.numpy_view(spare))
+        return spare, lambda: ok
+
+    def _expand_fused(self, out, acc, basis, q_sum, q_local):
+        """Step 6 by the kernel: every block's result ``basis q_sum^T`` into ``out`` and, with
+        error feedback, ``acc -= basis q_local^T`` (numpy views of CPU buffers; the same bits
+        as :meth:`_expand` twice)."""
+        out, acc = views.numpy_view(out), views.numpy_view(acc)
+        basis, q_sum, q_local = (self._kernel(x) for x in (basis, q_sum, q_local))
+        for block, p_span, q_span in self._spans:
+            view = BlockView(None, block)
+            part = slice(block.offset, block.offset + block.size)
+            cpu_lowrank.expand_residual(
+                out[part], acc[part], transposed(_factor(basis, p_span, block.rows)),
+                transposed(_factor(q_sum, q_span, block.cols)), transposed(_factor(q_local, q_span, block.cols)),
+                view.full, block.cols, view.tail_size, self.error_feedback)
+
+    def _result(self, like):
+        """Step 6's output buffer: numpy or a CPU tensor reuses the previous step's buffer when
+        nothing refers to it any more (a fresh one of 100 MB costs its page faults, more than
+        a pass over it), else a new one; other devices and TensorFlow: :func:`_new_result`."""
+        if not self.numpy_on_cpu or views.numpy_view(like) is None:
+            return _new_result(self.n, like)
+        buffer = self._result_buffer
+        # referenced here, by the attribute and by getrefcount's argument: by nothing else
+        if buffer is None or sys.getrefcount(buffer) > 3:
+            buffer = self._result_buffer = np.empty(self.n, np.float32)
+        return views.as_like(buffer, like)
 
     def _expand(self, target, basis, q, ws, subtract=False):
         """For every matrix: target's block = (or -=) basis q^T (see :func:`.factors.expand_block`).

@@ -13,10 +13,12 @@ What the framework's arrays need is a frontend's *step arrays* object (PyTorch:
 - ``describe(g)`` -> ``(shape, dtype name)``; ``numel(g)``; ``flat(g)``: a 1-D view;
   ``nonzero(g)``: any element non-zero;
 - ``fused_buffer()``: an object whose ``fuse(layout, gradients)`` returns them as one float32
-  buffer (reused from step to step), for the pipelines without ``step_sparse``;
+  buffer (reused from step to step), for the pipelines that take neither pieces
+  (``takes_pieces``) nor ``step_sparse``;
 - ``step_sum(layout, gradients, summed, frozen, like)``: the result handed back to the
   frontend (``summed``: a sparsifier's ``(indices, values)``, a dense sum, or None when
-  every gradient of the bucket is frozen; ``like``: the fused buffer, or None);
+  every gradient of the bucket is frozen; ``like``: the fused buffer or the first piece, or
+  None);
 - ``fused_copy(gradients)`` and ``copy(g)``: float32 copies for the cost probes
   (:mod:`horovod_sparse.step.profiling`).
 
@@ -74,14 +76,15 @@ class Bucket:
             return arrays.step_sum(layout, {}, None, frozen_here, like=None)
         self.comm = comm
         pipeline = self.pipelines.for_layout_on_every_rank(layout, comm, name)
-        flat = None
-        if hasattr(pipeline, "step_sparse"):
-            # A sparsifier's memory reads the gradients where they are (no fused copy).
-            summed = pipeline.step_sparse([arrays.flat(g) for g in gradients], tag=layout.tag, finite=finite)
+        if hasattr(pipeline, "step_sparse") or pipeline.takes_pieces:
+            # The pipeline's memory reads the gradients where they are (no fused copy).
+            pieces = [arrays.flat(g) for g in gradients]
+            step = pipeline.step_sparse if hasattr(pipeline, "step_sparse") else pipeline.step
+            summed, like = step(pieces, tag=layout.tag, finite=finite), pieces[0]
         else:
-            flat = self.buffer.fuse(layout, gradients)
-            summed = pipeline.step(flat, tag=layout.tag, finite=finite)
-        return arrays.step_sum(layout, {k: recorded[k] for k in keys}, summed, frozen_here, like=flat)
+            like = self.buffer.fuse(layout, gradients)
+            summed = pipeline.step(like, tag=layout.tag, finite=finite)
+        return arrays.step_sum(layout, {k: recorded[k] for k in keys}, summed, frozen_here, like=like)
 
     @property
     def layout(self):
