@@ -11,6 +11,9 @@ engine (which makes and exchanges the range codes), and the summed pairs come ba
 step on every rank:
 
 1. acc = grad + residual (``memory.accumulate``: one pass; acc = grad without error feedback);
+   from the pieces of a step's gradients where the frontend gives them, read where they are
+   (:mod:`horovod_sparse.lowrank.accumulate`; without error feedback acc is then the pieces
+   fused into a reused buffer);
 2. S = the chunked real spectrum of acc (:class:`.spectrum.ChunkedSpectrum`: float32 rfft,
    norm="ortho", of ``chunk_size``-element chunks, the last one shorter), a float32
    vector of 2 * C values (C complex coefficients, re and im interleaved), in a buffer
@@ -80,10 +83,9 @@ import numpy as np
 
 from horovod_sparse.checks import check_int
 from horovod_sparse.exchange import SparseAllreduce, mask_in_sorted
+from horovod_sparse.lowrank.accumulate import accumulate, as_piece, is_pieces
 from horovod_sparse.memory import ErrorFeedback
-from horovod_sparse.ops import cpu, host, namespace, views
-from horovod_sparse.ops.cpu.lowrank import accumulate_finite
-from horovod_sparse.ops.finite import all_finite
+from horovod_sparse.ops import host, namespace, views
 from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, saved_array
 from horovod_sparse.quantize.rangefloat import SPLITS, RangeFloatCodec
 
@@ -212,9 +214,11 @@ class FFTSparsifier(Pipeline):
         """Exchange this step's gradient; return the sum over ranks of their contributions.
 
         grad : 1-D float buffer of length n (numpy, a torch tensor on any device, or an
-            eager TensorFlow tensor; cast to float32). Never modified. A wrong shape raises
-            ValueError on this rank alone (a programming error: the frontends flatten the
-            same layout everywhere).
+            eager TensorFlow tensor; cast to float32); or a list of 1-D float pieces that are
+            that buffer back to back (a step's gradients, flattened), read where they are (the
+            same bits as their concatenation cast to float32). Never modified. A wrong shape
+            or total length raises ValueError on this rank alone (a programming error: the
+            frontends flatten the same layout everywhere).
         tag : int every rank passes identically (a CRC of the layout); a mismatch
             raises ExchangeError on every rank.
         finite : False when another gradient of this rank's step overflowed (the step is
@@ -262,22 +266,19 @@ class FFTSparsifier(Pipeline):
         self.step_count += 1
         return out
 
+    takes_pieces = True  # step 1 reads a step's gradients where they are (no fused copy)
+
     def _new_workspace(self, like):
         return _Workspace(self.spectrum, like, self.numpy_on_cpu)
 
     def _accumulate(self, grad):
-        """Step 1: ``(acc, finite)``, ``finite()`` telling whether acc is all finite. With the
-        compiled kernels (numpy or a CPU tensor run through numpy, error feedback on) acc is
-        written into the residual's spare and checked in the same pass
-        (:func:`~horovod_sparse.ops.cpu.lowrank.accumulate_finite`); else the memory
-        accumulates and the check is a pass of its own. The state is untouched either way."""
-        view = views.numpy_view(grad) if self.numpy_on_cpu else None
-        if not (cpu.enabled() and self.error_feedback and view is not None):
-            acc = self.memory.accumulate(grad)
-            return acc, lambda: all_finite(acc)
-        state, spare = self.memory.buffers("residual", grad)
-        ok = accumulate_finite(view, views.numpy_view(state), views.numpy_view(spare))
-        return spare, lambda: ok
+        """Step 1: ``(acc, finite)``, ``finite()`` telling whether acc is all finite
+        (:func:`horovod_sparse.lowrank.accumulate.accumulate`, shared with PowerSGD: with the
+        compiled kernels, numpy or CPU tensors run through numpy, acc is written into the
+        residual's spare and checked in the same pass, piece by piece where grad is pieces;
+        else the memory accumulates and the check is a pass of its own). The state is
+        untouched either way."""
+        return accumulate(self.memory, grad, self.numpy_on_cpu)
 
     def _inverse_sparse(self, positions, values, out, ws):
         """out = the inverse transform of the spectrum that is ``values`` at ``positions``
@@ -331,8 +332,25 @@ class _Workspace:
 
 
 def _float32(grad, n):
-    """``grad`` as a contiguous 1-D float32 buffer of length n (numpy, torch or TensorFlow), or
-    ValueError."""
+    """``grad`` as a contiguous 1-D float32 buffer of length n (numpy, torch or TensorFlow); or,
+    for a list of pieces, the checked pieces (:func:`~horovod_sparse.lowrank.accumulate.as_piece`,
+    n elements in all; TensorFlow's fused into one float32 tensor, no pieces: an empty
+    buffer); else ValueError."""
+    if is_pieces(grad):
+        pieces = [as_piece(piece) for piece in grad]
+        bad = next((piece for piece, checked in zip(grad, pieces) if checked is None), None)
+        if bad is not None:
+            raise ValueError(f"grad must be a 1-D float array of length n={n}, got a piece of shape "
+                             f"{tuple(getattr(bad, 'shape', ()))} dtype {getattr(bad, 'dtype', type(bad).__name__)}")
+        total = sum(int(piece.shape[0]) for piece in pieces)
+        if total != n:
+            raise ValueError(f"grad must be a 1-D float array of length n={n}, "
+                             f"got pieces of {total} elements in all")
+        if not pieces:
+            return np.empty(0, np.float32)
+        if any(namespace.is_tensorflow(piece) for piece in pieces):
+            return namespace.concat_float32(pieces)
+        return pieces
     if namespace.is_tensorflow(grad):
         g = grad
         if g.shape.rank == 1 and g.shape[0] == n and g.dtype.is_floating:

@@ -20,7 +20,9 @@ sum back; the start Q's in.
 One step, per compressed matrix M (a x b, see :mod:`.plan`; products in :mod:`.factors`),
 with rank r:
 
-1. M = gradient + residual (error feedback: ``memory.accumulate``, one pass);
+1. M = gradient + residual (error feedback: ``memory.accumulate``, one pass; from the
+   pieces of a step's gradients where the frontend gives them, read where they are,
+   :mod:`.accumulate`);
 2. Q <- orthonormalised Q (the summed Q of the previous step with warm start, else a
    fresh standard-normal draw; the first Q is a draw too). Draws come from
    ``np.random.default_rng([seed, matrix index, step])`` and so are identical on every
@@ -78,9 +80,9 @@ from horovod_sparse.exchange.validation import agree_call, identity_code
 from horovod_sparse.memory import ErrorFeedback
 from horovod_sparse.ops import cpu, host, namespace, views
 from horovod_sparse.ops.cpu import lowrank as cpu_lowrank
-from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.pipeline import Pipeline, saved_array
 
+from .accumulate import accumulate, as_piece, is_pieces
 from .factors import BlockView, back_project, expand_block, library, project, scratch_elements, transposed
 from .orthogonal import orthonormalize
 from .plan import make_plan
@@ -250,8 +252,22 @@ class PowerSGDPipeline(Pipeline):
 
     # ------------------------------------------------------------------- step
     def _checked(self, grad):
-        """(error code, detail, grad as contiguous float32 or None): reported by the agreement."""
+        """(error code, detail, grad as contiguous float32 or None): reported by the agreement.
+        Pieces stay pieces (checked, read where they are; TensorFlow's are fused here, as
+        float32), their detail the total length."""
         try:
+            if is_pieces(grad):
+                pieces = [as_piece(piece) for piece in grad]
+                if any(piece is None for piece in pieces):
+                    return BAD_GRADIENT_CODE, -1, None
+                total = sum(int(piece.shape[0]) for piece in pieces)
+                if total != self.n:
+                    return BAD_GRADIENT_CODE, total, None
+                if not pieces:
+                    return 0, 0, np.empty(0, np.float32)
+                if any(namespace.is_tensorflow(piece) for piece in pieces):
+                    return 0, 0, namespace.concat_float32(pieces)
+                return 0, 0, pieces
             if namespace.is_tensorflow(grad):
                 tf = sys.modules["tensorflow"]
                 if grad.shape.rank != 1 or grad.shape[0] != self.n or not grad.dtype.is_floating:
@@ -270,29 +286,34 @@ class PowerSGDPipeline(Pipeline):
             return BAD_GRADIENT_CODE, -1, None
 
     fresh_result = True  # step 6 allocates the result
+    takes_pieces = True  # step 1 reads a step's gradients where they are (no fused copy)
 
     def step(self, grad, tag=0, finite=True):
         """Exchange this step's gradient; return the sum over ranks of what they kept.
 
         grad : 1-D float buffer of length n (numpy, a torch tensor on any device, or an
-            eager TensorFlow tensor; cast to float32), this rank's gradient. Never modified.
+            eager TensorFlow tensor; cast to float32), this rank's gradient; or a list of 1-D
+            float pieces that are that buffer back to back (a step's gradients, flattened),
+            read where they are (the same bits as their concatenation cast to float32).
+            Never modified.
         tag : int every rank passes identically (a CRC of the layout).
         finite : False when another gradient of this rank's step overflowed (the step is
             skipped on every rank, as for an overflow here).
 
         Returns a new float32 buffer of length n in grad's library and device, bitwise
-        identical on every rank. Bad input on any rank, or ranks disagreeing on n, rank,
-        layout/parameters, tag or call count, raise ExchangeError on every rank before
-        any data moves; if the exchange raises, the pipeline's state is left as it was (so
-        it is when any rank's M holds an inf or a NaN: NonFiniteGradientError on every rank).
+        identical on every rank. Bad input on any rank (pieces of another total length
+        included), or ranks disagreeing on n, rank, layout/parameters, tag or call count,
+        raise ExchangeError (a ValueError, naming each rank's n) on every rank before any
+        data moves; if the exchange raises, the pipeline's state is left as it was (so it
+        is when any rank's M holds an inf or a NaN: NonFiniteGradientError on every rank).
         """
         if self._comm.closed:
             raise RuntimeError("PowerSGDPipeline is closed")
         before = self._comm.traffic
         code, detail, grad = self._checked(grad)
         plan = self.plan
-        fused = grad is not None and self._fused_on(grad)
-        acc, acc_finite = self._accumulate(grad, fused)                             # step 1
+        acc, acc_finite = self._accumulate(grad)                                    # step 1
+        fused = acc is not None and self._fused_on(acc)
         call, self._calls = self._calls, self._calls + 1  # on every rank, also when rejected
         try:
             agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
@@ -361,24 +382,19 @@ class PowerSGDPipeline(Pipeline):
         return _Workspace(self.plan, like)
 
     # ------------------------------------------------- fused CPU kernels
-    def _fused_on(self, grad):
-        """Whether this step runs the compiled kernels (:mod:`horovod_sparse.ops.cpu.lowrank`):
-        they are enabled and the gradient is numpy or a CPU tensor run through numpy."""
-        return cpu.enabled() and self.numpy_on_cpu and views.numpy_view(grad) is not None
+    def _fused_on(self, acc):
+        """Whether step 6 runs the compiled kernels (:mod:`horovod_sparse.ops.cpu.lowrank`):
+        they are enabled and acc is numpy or a CPU tensor run through numpy."""
+        return cpu.enabled() and self.numpy_on_cpu and views.numpy_view(acc) is not None
 
-    def _accumulate(self, grad, fused):
-        """Step 1: ``(acc, finite)``, ``finite()`` telling whether acc is all finite. The
-        kernels write acc into the residual's spare and check it in the same pass; the numpy
-        path accumulates, and checks in a pass of its own when asked. The state is untouched."""
+    def _accumulate(self, grad):
+        """Step 1: ``(acc, finite)``, ``finite()`` telling whether acc is all finite
+        (:func:`.accumulate.accumulate`: with the kernels, acc is written into the residual's
+        spare and checked in the same pass, piece by piece where grad is pieces; the numpy
+        path accumulates, and checks in a pass of its own when asked). The state is untouched."""
         if grad is None:
             return None, lambda: True
-        if not fused or not self.error_feedback:
-            acc = self._memory.accumulate(grad)
-            return acc, lambda: all_finite(acc)
-        state, spare = self._memory.buffers("residual", grad)
-        ok = cpu_lowrank.accumulate_finite(views.numpy_view(grad), views.numpy_view(state),
-                                           views.numpy_view(spare))
-        return spare, lambda: ok
+        return accumulate(self._memory, grad, self.numpy_on_cpu)
 
     def _expand_fused(self, out, acc, basis, q_sum, q_local):
         """Step 6 by the kernel: every block's result ``basis q_sum^T`` into ``out`` and, with

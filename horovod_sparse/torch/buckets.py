@@ -113,7 +113,12 @@ class StepSum:
             flat_out.index_copy_(0, indices.to(out.device), self._scaled[scale][part].to(out.device, out.dtype))
         else:
             part = self.parts[key]
-            flat_out.copy_(part * scale if scale != 1.0 else part)
+            if scale == 1.0:
+                flat_out.copy_(part)
+            elif flat_out.dtype == part.dtype and flat_out.device == part.device:
+                torch.mul(part, scale, out=flat_out)  # one pass, no temporary (the same float32 product)
+            else:
+                flat_out.copy_(part * scale)
         return out
 
 

@@ -1,6 +1,8 @@
 """The compiled CPU kernels of PowerSGD and FFT (horovod_sparse.ops.cpu.lowrank and .spectrum)
 against the numpy path they replace, bit for bit: each kernel on random and adversarial
 inputs, then whole pipelines (P = 1) over several steps with the kernels on and off."""
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,7 @@ from horovod_sparse.ops.finite import all_finite
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="numba is not installed")
 
 if cpu.available():
-    from horovod_sparse.ops.cpu.lowrank import accumulate_finite, expand_residual
+    from horovod_sparse.ops.cpu.lowrank import accumulate_finite, copy_finite, expand_residual
     from horovod_sparse.ops.cpu.spectrum import energy_keys
 
 DENORMAL = np.float32(1e-40)
@@ -223,3 +225,174 @@ def test_fft_steps_are_the_numpy_paths(wrap, n, error_feedback):
     with cpu.numpy_only():
         reference = run_steps(make, grads, WRAPS[wrap])
     assert_same(fused, reference)
+
+
+# ------------------------------------------------------------------- pieces
+def test_copy_finite_is_a_copy_and_check():
+    rng = np.random.default_rng(5)
+    grad = unaligned(adversarial(1001, rng))
+    acc = unaligned(np.full(1001, 7, np.float32))
+    assert copy_finite(grad, acc) is True and np.array_equal(bits(acc), bits(grad))
+    for bad in (np.inf, -np.inf, np.nan):
+        grad[500] = bad
+        assert copy_finite(grad, np.empty(1001, np.float32)) is False
+    assert copy_finite(np.empty(0, np.float32), np.empty(0, np.float32)) is True
+
+
+#: lengths of the pieces a buffer is cut into (the last piece takes the rest): a 1, an empty
+#: piece (a zero-size parameter), 63 (ends mid-vector) and 1000
+CUTS = [1, 0, 63, 1000]
+
+
+def cut(values, dtypes):
+    """``values`` (float32 numpy, n >= sum(CUTS)) cut at CUTS into numpy pieces of ``dtypes``
+    (one per piece; "unaligned": float32 from a misaligned address)."""
+    bounds = np.cumsum([0] + CUTS + [values.size - sum(CUTS)])
+    pieces = []
+    for (a, b), dtype in zip(zip(bounds[:-1], bounds[1:]), dtypes):
+        part = values[a:b]
+        pieces.append(unaligned(part) if dtype == "unaligned" else part.astype(dtype))
+    return pieces
+
+
+def torch_piece(piece, dtype):
+    return torch.from_numpy(np.ascontiguousarray(piece, np.float32)).to(getattr(torch, dtype))
+
+
+#: how a step's gradient comes: name -> values (float32 numpy) -> its pieces
+SPLITS = {
+    "float32": lambda v: cut(v, ["float32"] * 5),
+    "dtypes": lambda v: cut(v, ["float64", "float16", "unaligned", "float32", "float64"]),
+    "single": lambda v: [v.copy()],
+    "torch32": lambda v: [torch.from_numpy(p) for p in cut(v, ["float32"] * 5)],
+    "torch_dtypes": lambda v: [torch_piece(p, d) for p, d in zip(
+        cut(v, ["float32"] * 5), ["float64", "float32", "bfloat16", "float16", "float32"])],
+}
+
+
+def fused(pieces):
+    """The concatenation of the pieces cast to float32 (what the frontends fused before)."""
+    return np.concatenate([np.asarray(p.float() if isinstance(p, torch.Tensor) else p, np.float32)
+                           for p in pieces])
+
+
+def piece_steps(n, split, rng, steps=4):
+    """[(pieces, their fused float32 buffer)] per step; step 2 overflows in one piece."""
+    out = []
+    for step in range(steps):
+        values = adversarial(n, rng)
+        if step == 2:
+            values[n // 2] = np.nan
+        pieces = SPLITS[split](values)
+        out.append((pieces, fused(pieces)))
+    return out
+
+
+def run_pieces(make, steps, use_pieces):
+    """run_steps over ``steps``, giving each step its pieces or their fused buffer."""
+    grads = [buffer for _, buffer in steps]
+    given = {id(buffer): (pieces if use_pieces else buffer) for pieces, buffer in steps}
+    return run_steps(make, grads, lambda buffer: given[id(buffer)])
+
+
+def assert_pieces_are_the_fused_buffer(make, steps):
+    with cpu.numpy_only():
+        reference = run_pieces(make, steps, use_pieces=False)
+        assert_same(run_pieces(make, steps, use_pieces=True), reference)
+    assert_same(run_pieces(make, steps, use_pieces=True), reference)
+
+
+@pytest.mark.parametrize("split", sorted(SPLITS))
+@pytest.mark.parametrize("layout", [LAYOUT, None])
+@pytest.mark.parametrize("error_feedback", [True, False])
+def test_powersgd_pieces_are_the_fused_buffer(split, layout, error_feedback):
+    n = LAYOUT.n
+    steps = piece_steps(n, split, np.random.default_rng(11))
+    make = lambda: PowerSGDPipeline(n, MPI.COMM_SELF, 2, layout=layout, error_feedback=error_feedback)  # noqa: E731
+    assert_pieces_are_the_fused_buffer(make, steps)
+
+
+@pytest.mark.parametrize("split", sorted(SPLITS))
+@pytest.mark.parametrize("error_feedback", [True, False])
+def test_fft_pieces_are_the_fused_buffer(split, error_feedback):
+    n = LAYOUT.n
+    steps = piece_steps(n, split, np.random.default_rng(12))
+    assert_pieces_are_the_fused_buffer(lambda: fft(n, error_feedback=error_feedback), steps)
+
+
+PIPELINES = {"powersgd": lambda n: PowerSGDPipeline(n, MPI.COMM_SELF, 2, layout=LAYOUT), "fft": fft}
+
+
+@pytest.mark.parametrize("kind", sorted(PIPELINES))
+def test_pieces_of_small_buffers(kind):
+    for pieces in ([], [np.empty(0, np.float32)], [np.ones(1, np.float16)], [np.ones(1, np.float64)],
+                   [np.zeros(0, np.float64), np.full(1, 2, np.float32)]):
+        n = sum(p.size for p in pieces)
+        make = (lambda: PowerSGDPipeline(n, MPI.COMM_SELF, 1)) if kind == "powersgd" else (lambda: fft(n))  # noqa: E731
+        for numpy_only in (False, True):
+            with (cpu.numpy_only() if numpy_only else contextlib.nullcontext()):
+                with make() as a, make() as b:
+                    assert np.array_equal(np.asarray(a.step(pieces)), np.asarray(b.step(fused(pieces) if pieces
+                                                                                       else np.empty(0, np.float32))))
+                    assert_same(([], a.state_dict()), ([], b.state_dict()))
+
+
+MIXED = ["float64", "float32", "float16", "float32", "float64"]
+
+
+@pytest.mark.filterwarnings("ignore:overflow")
+@pytest.mark.parametrize("kind", sorted(PIPELINES))
+@pytest.mark.parametrize("dtypes, where, bad", [(["float32"] * 5, 0, np.inf), (["float32"] * 5, 3, np.nan),
+                                                (["float32"] * 5, 4, -np.inf), (MIXED, 2, np.inf),
+                                                (MIXED, 3, np.nan), (MIXED, 4, 1e300), (MIXED, 0, -1e300)])
+@pytest.mark.parametrize("numpy_only", [False, True])
+def test_an_overflow_in_one_piece_skips_the_step(kind, dtypes, where, bad, numpy_only):
+    n = LAYOUT.n
+    rng = np.random.default_rng(13)
+    with (cpu.numpy_only() if numpy_only else contextlib.nullcontext()), PIPELINES[kind](n) as pipeline:
+        pipeline.step(cut(adversarial(n, rng), dtypes))
+        before = pipeline.state_dict()
+        pieces = cut(adversarial(n, rng), dtypes)
+        pieces[where][-1] = bad  # float64's 1e300 overflows when rounded to float32
+        with pytest.raises(NonFiniteGradientError):
+            pipeline.step(pieces)
+        after = pipeline.state_dict()
+        assert_same(([], after), ([], before))
+        assert after["step"] == 1
+        pipeline.step(cut(adversarial(n, rng), dtypes))  # the next step runs
+
+
+@pytest.mark.parametrize("kind", sorted(PIPELINES))
+@pytest.mark.parametrize("pieces", [[np.zeros(LAYOUT.n - 1, np.float32)],
+                                    [np.zeros(LAYOUT.n, np.float32), np.zeros(1, np.float16)],
+                                    [np.zeros((LAYOUT.n, 1), np.float32)],
+                                    [np.zeros(LAYOUT.n, np.int32)]])
+def test_pieces_of_another_length_are_refused_naming_n(kind, pieces):
+    with PIPELINES[kind](LAYOUT.n) as pipeline:
+        before = pipeline.state_dict()
+        with pytest.raises(ValueError, match=f"n ?= ?{LAYOUT.n}"):
+            pipeline.step(pieces)
+        after = pipeline.state_dict()
+        after.pop("calls", None), before.pop("calls", None)  # PowerSGD counts the refused call
+        assert_same(([], after), ([], before))
+        assert after["step"] == 0
+        pipeline.step([np.zeros(LAYOUT.n, np.float32)])  # still usable
+
+
+def test_pipelines_take_pieces():
+    assert PowerSGDPipeline.takes_pieces and FFTSparsifier.takes_pieces
+
+
+@pytest.mark.parametrize("kind", sorted(PIPELINES))
+def test_tensorflow_pieces_are_the_fused_tensor(kind):
+    """Eager TensorFlow pieces (the on_device path) are fused as float32 and stepped as TensorFlow."""
+    tf = pytest.importorskip("tensorflow")
+    n, rng = LAYOUT.n, np.random.default_rng(14)
+    with PIPELINES[kind](n) as a, PIPELINES[kind](n) as b:
+        for _ in range(2):
+            pieces = [tf.constant(p) for p in cut(adversarial(n, rng), MIXED)]
+            got, want = a.step(pieces), b.step(tf.constant(fused([p.numpy() for p in pieces])))
+            assert tf.is_tensor(got) and np.array_equal(bits(got.numpy()), bits(want.numpy()))
+        assert_same(([], a.state_dict()), ([], b.state_dict()))
+        with pytest.raises(ValueError, match=f"n ?= ?{n}"):
+            a.step([tf.constant(np.zeros(n - 1, np.float32))])
