@@ -21,7 +21,6 @@ pytestmark = pytest.mark.skipif(not cpu.available(), reason="numba is not instal
 
 if cpu.available():
     from horovod_sparse.ops.cpu.lowrank import accumulate_finite, copy_finite, expand_residual
-    from horovod_sparse.ops.cpu.spectrum import energy_keys
 
 DENORMAL = np.float32(1e-40)
 LENGTHS = [0, 1, 7, 17, 64, 1000, 1001]
