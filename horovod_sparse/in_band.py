@@ -52,18 +52,27 @@ class InBandCompressorBase:
         nonfinite = merged.pop("nonfinite", "propagate")
         return cls(registry.create(name, **merged), nonfinite=nonfinite)
 
-    def compress_slot(self, tensor, key):
-        """Compress ``tensor`` as the gradient identified by ``key``; returns ``(payload, ctx)``."""
+    def compress_slot(self, tensor, key, in_place=True):
+        """Compress ``tensor`` as the gradient identified by ``key``; returns ``(payload, ctx)``.
+
+        Buffers (where the framework's tensors are mutable, :mod:`horovod_sparse.ops.torch_ops`):
+        the payload may be the slot's wire buffer, valid until the same gradient's next
+        ``compress`` (Horovod reduces it in place and hands it to ``decompress`` before then);
+        with ``in_place``, ``decompress`` writes its result into ``tensor`` itself and returns
+        it, as Horovod's optimizer makes the result the gradient. Without it (a caller that
+        keeps ``tensor``: ``hvd.allreduce``) the result is a new tensor. Either way the result
+        is never a buffer of the compressor's, which a later call would overwrite.
+        """
         ops = self.ops
         if not self._agreed:
             self.agree_across_ranks()
             self._agreed = True
         if key is None:  # no identity for this gradient: only stateless compressors can run
-            return self.algorithm.compress(ops, tensor, None)
+            return self.algorithm.compress(ops, tensor, None)  # (no slot: no buffers, nothing in place)
         if self._unsettled:  # the first compress of a step: the previous one is complete
             self.settle()
         slot = self.slot_for(tensor, key)
-        payload, ctx = self.algorithm.compress(ops, tensor, slot)
+        payload, ctx = self.algorithm.compress(ops, tensor, slot, in_place=in_place)
         slot.payload_nbytes = ops.nbytes(payload)
         slot.dense_nbytes = ops.nbytes(tensor)
         return payload, ctx

@@ -43,6 +43,10 @@ class Slot:
             without error feedback); a ``tf.Variable`` inside TensorFlow graphs.
         outcome: :data:`NO_OUTCOME`, :data:`COMMITTED` or :data:`OVERFLOWED`: what the step
             not yet settled did to this slot (an int, or a TensorFlow variable).
+        wire: the buffer the gradient's payload is cast into for Horovod's allreduce (``fp16``:
+            float16), reused every step (PyTorch; None until first used, and elsewhere). Horovod
+            reduces it in place and ``decompress`` reads it before the next ``compress``
+            overwrites it; it is never returned as a result. Not saved: it holds no state.
         payload_nbytes: bytes this rank hands to the wire for this tensor per step.
         dense_nbytes: bytes of the uncompressed gradient.
     """
@@ -54,6 +58,7 @@ class Slot:
     step: Any = 0
     spare: Any = None
     outcome: Any = NO_OUTCOME
+    wire: Any = None
     payload_nbytes: int = 0
     dense_nbytes: int = 0
 

@@ -15,6 +15,7 @@ each on a new gradient drawn untimed (standard normal, like a training step's, w
 error-feedback residual settles instead of growing with one gradient repeated; the
 out-of-band compressors also write their result into the gradient tensor, as Horovod's
 in-place allreduce does). ``--same-gradient`` repeats one gradient instead.
+``horovod-fp16`` (and ``horovod-none``) is Horovod's own ``hvd.Compression.fp16``, measured beside ours.
 The table gives the median time and GB/s of gradient (bytes in / median time), and a
 ``dst.copy_(src)`` of the same buffer measured in the same run: the memory bound; and the
 overflow check alone (``horovod_sparse.ops.finite.all_finite``), which every stateful
@@ -40,6 +41,8 @@ from doc_block import replace_block  # noqa: E402  (scripts/, beside this file)
 SPECS = ["none", "fp16", "randomk:density=0.01", "topk:density=0.01", "oktopk:density=0.01",
          "gtopk:density=0.01", "gaussiank:density=0.01", "dgc:density=0.01", "threshold:value=2.6",
          "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "fft"]
+#: Horovod's own compressors, measured beside ours: spec name -> attribute of hvd.Compression
+HOROVOD = {"horovod-fp16": "fp16", "horovod-none": "none"}
 COPY = "memory copy"
 #: the overflow check every stateful pipeline makes on what it compresses (horovod_sparse.ops.finite)
 CHECK = "overflow check"
@@ -63,6 +66,8 @@ def parse_args():
 
 def fused_params(spec):
     """The out-of-band compressors' small-tensor policy does not apply to one big gradient anyway."""
+    if spec in HOROVOD:
+        return {}
     import horovod_sparse
     return {"dense_below": 0} if getattr(horovod_sparse.create(spec), "out_of_band", False) else {}
 
@@ -71,7 +76,11 @@ def torch_round_trip(spec, gradient, same_gradient=False):
     """(prepare, run): prepare sets the gradient tensor (untimed), run is one round trip."""
     import torch
     import horovod_sparse.torch as hvds
-    compressor = hvds.Compression.from_spec(spec, **fused_params(spec))
+    if spec in HOROVOD:  # Horovod's own, e.g. hvd.Compression.fp16
+        from horovod.torch.compression import Compression
+        compressor = getattr(Compression, HOROVOD[spec])
+    else:
+        compressor = hvds.Compression.from_spec(spec, **fused_params(spec))
     source = torch.from_numpy(gradient)
     tensor = source.clone()
     generator = torch.Generator().manual_seed(1)
@@ -106,7 +115,10 @@ def torch_check(gradient):
 def tensorflow_round_trip(spec, gradient, same_gradient=True):
     import tensorflow as tf
     import horovod_sparse.tensorflow as hvds
-    compressor = hvds.Compression.from_spec(spec, **fused_params(spec))
+    if spec in HOROVOD:
+        compressor = getattr(__import__("horovod.tensorflow", fromlist=["Compression"]).Compression, HOROVOD[spec])
+    else:
+        compressor = hvds.Compression.from_spec(spec, **fused_params(spec))
     tensor = tf.constant(gradient)
 
     @tf.function

@@ -27,8 +27,10 @@ class Compressor:
     def __init__(self):
         self.params = {}
 
-    def compress(self, ops, tensor, slot):
-        """Return ``(payload, ctx)``. ``slot`` is the tensor's state (None if not stateful)."""
+    def compress(self, ops, tensor, slot, in_place=False):
+        """Return ``(payload, ctx)``. ``slot`` is the tensor's state (None if not stateful).
+        ``in_place``: the caller hands ``tensor`` over, and ``decompress`` may write its result
+        into it (and return it) where the framework can, instead of making a new tensor."""
         raise NotImplementedError
 
     def decompress(self, ops, payload, ctx):

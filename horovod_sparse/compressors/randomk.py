@@ -49,26 +49,24 @@ class RandomKCompressor(Compressor):
         """Number of elements sent for a tensor of ``n`` elements."""
         return k_for(self.density, n)
 
-    def compress(self, ops, tensor, slot):
+    def compress(self, ops, tensor, slot, in_place=False):
         dtype = ops.dtype_name(tensor)
         if not ops.is_float(tensor):
             return tensor, None
         shape, n = ops.shape(tensor), ops.numel(tensor)
         k = self.k_for(n)
-        acc = to_wire(ops, ops.flatten(tensor))
-        # error feedback in horovod_sparse.memory's two phases: acc = grad + residual in a
-        # working buffer; the slot changes only in decompress, once no rank overflowed
-        if self.error_feedback:
-            acc = ops.accumulate(slot, acc)
-        finite = ops.all_finite(acc)
-        indices = ops.random_indices(self.seed, slot.stream, ops.read_step(slot), n, k, like=acc)
-        # a rank whose acc overflowed sends NaN: Horovod's sum is then NaN on every rank, and
-        # every rank declines the step in decompress (no extra collective)
-        values = ops.nan_unless(finite, ops.gather(acc, indices))
-        residual = ops.zero_at_(acc, indices) if self.error_feedback else None
-        # decompress may write the result into the gradient it was given (as Horovod's own
-        # allreduce does): it is not read again once compressed
-        return values, RandomKContext(indices, n, shape, dtype, tensor, slot, residual)
+        flat = to_wire(ops, ops.flatten(tensor))
+        # drawn first: the fused CPU kernel gathers while it accumulates
+        indices = ops.random_indices(self.seed, slot.stream, ops.read_step(slot), n, k, like=flat)
+        # error feedback in horovod_sparse.memory's two phases: acc = grad + residual in a working
+        # buffer, the k values gathered from it (NaN where acc overflowed: Horovod's sum is then
+        # NaN on every rank, and every rank declines the step in decompress, no extra collective)
+        # and acc zeroed there, the residual to commit; the slot changes only in decompress
+        values, residual = ops.pick(slot, flat, indices, self.error_feedback)
+        # with in_place (Horovod's optimizer: the gradient is not read again once compressed, and
+        # becomes the result) decompress writes the result into the gradient. Not before: a
+        # caller may still read it between compress and decompress
+        return values, RandomKContext(indices, n, shape, dtype, tensor if in_place else None, slot, residual)
 
     def decompress(self, ops, payload, ctx):
         if ctx is None:
@@ -77,7 +75,7 @@ class RandomKCompressor(Compressor):
         finite = ops.all_finite(payload)
         dense = ops.scatter_into(ctx.gradient, ctx.indices, payload, ctx.n)
         dense = ops.commit_if(finite, ctx.slot, ctx.residual, ops.nan_unless(finite, dense))
-        return ops.reshape(from_wire(ops, dense, ctx.dtype), ctx.shape)
+        return ops.reshape(from_wire(ops, dense, ctx.dtype, ctx.gradient), ctx.shape)
 
 
 class RandomKContext(NamedTuple):
@@ -87,6 +85,6 @@ class RandomKContext(NamedTuple):
     n: int            # the gradient's element count
     shape: tuple      # the gradient's shape
     dtype: str        # the gradient's dtype name
-    gradient: Any     # the gradient, free to overwrite with the result
+    gradient: Any     # the gradient, free to overwrite with the result (None: return a new tensor)
     slot: Any         # the gradient's Slot
     residual: Any     # the residual to commit (acc with zeros where sent); None without error feedback

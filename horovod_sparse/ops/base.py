@@ -3,6 +3,7 @@ import numpy as np
 
 from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.nonfinite import raise_with_hint
+from horovod_sparse.ops import cpu
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.ops.kernels import zero_at
 from horovod_sparse.slots import COMMITTED, NO_OUTCOME, OVERFLOWED
@@ -26,7 +27,17 @@ def random_indices(seed, stream, step, n, k):
     rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([int(seed), int(stream), int(step)])))
     if k == n:
         return np.arange(n, dtype=np.int64)
-    idx = rng.choice(n, size=k, replace=False, shuffle=False).astype(np.int64)
+    idx = rng.choice(n, size=k, replace=False, shuffle=False).astype(np.int64, copy=False)
+    return sort_distinct(idx, n)
+
+
+def sort_distinct(idx, n):
+    """``idx`` (distinct int64 in ``[0, n)``) sorted: by the O(k) kernel of
+    :mod:`horovod_sparse.ops.cpu.cast` where it is enabled (``np.sort`` takes as long as a copy
+    of the gradient at density 0.01), else in place by numpy. Distinct integers: the same array."""
+    if cpu.enabled() and idx.size:
+        from horovod_sparse.ops.cpu.cast import sort_distinct as kernel
+        return kernel(idx, n)
     idx.sort()
     return idx
 
@@ -84,6 +95,18 @@ class ArrayOps:
         """Zeros on ``like``'s device (where the framework has devices)."""
         raise NotImplementedError
 
+    # -- the wire: Horovod's allreduce carries the payload ---------------------------
+    def cast_to_wire(self, t, dtype_name, slot=None):
+        """``t`` cast to ``dtype_name`` for the allreduce. Frameworks with mutable tensors write it
+        into the slot's wire buffer (``slot.wire``, reused every step: a fresh 50 MB tensor costs
+        its page faults, five times the conversion); here, and without a slot, a new tensor."""
+        return self.cast(t, dtype_name)
+
+    def cast_back(self, t, dtype_name, out=None):
+        """The reduced payload ``t`` in the gradient's ``dtype_name``: written into ``out`` (the
+        gradient, free to overwrite) where the framework can, else a new tensor."""
+        return self.cast(t, dtype_name)
+
     # -- sparse ----------------------------------------------------------------
     def gather(self, flat, indices):
         """``flat[indices]`` for a 1-D tensor."""
@@ -104,6 +127,18 @@ class ArrayOps:
         """``t + residual``: the step's working copy (a buffer the caller owns); the slot is
         untouched until :meth:`commit_if`."""
         return self.add(t, self.read_residual(slot))
+
+    def pick(self, slot, flat, indices, error_feedback=True):
+        """Random-k's compress after the draw: ``(values, residual)``, where ``acc = flat +
+        residual`` (:meth:`accumulate`; ``flat`` itself without error feedback), ``values =
+        acc[indices]`` (all NaN unless ``acc`` is finite) and ``residual`` is ``acc`` zeroed at
+        ``indices`` (None without error feedback), to commit in decompress. ``flat`` is not
+        written. Here the separate passes; PyTorch on a CPU fuses them into one
+        (:mod:`horovod_sparse.ops.cpu.cast`)."""
+        acc = self.accumulate(slot, flat) if error_feedback else flat
+        finite = self.all_finite(acc)
+        values = self.nan_unless(finite, self.gather(acc, indices))
+        return values, (self.zero_at_(acc, indices) if error_feedback else None)
 
     def zero_at_(self, flat, indices):
         """``flat`` with zeros at ``indices``, in place (``flat`` is the working copy from

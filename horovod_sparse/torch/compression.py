@@ -1,4 +1,7 @@
 """The PyTorch Horovod compressor: one framework-free compressor bound to torch ops."""
+import sys
+
+from horovod.torch import mpi_ops as horovod_mpi_ops
 from horovod.torch.compression import Compressor as HorovodCompressor
 
 from horovod_sparse.catalogue import make_compression_namespace
@@ -40,6 +43,18 @@ class TorchCompressor(InBandCompressorBase, HorovodCompressor):
             scaler.step(opt)                   # skipped where a gradient is not finite
         scaler.update()
 
+    Buffers: ``fp16`` casts into a float16 buffer kept per gradient and reused every step, and
+    ``decompress`` writes the result into the gradient itself (``fp16``, ``randomk``) and returns
+    it, as ``hvd.DistributedOptimizer`` makes the result the gradient (``p.grad.set_``): no
+    100 MB allocations per step. So a payload is valid until the same gradient's next
+    ``compress`` (Horovod's allreduce has reduced it by then), and the tensor given to
+    ``compress`` is handed over (it holds the result after ``decompress``; code calling
+    ``compress``/``decompress`` itself must not expect it unchanged). ``hvd.allreduce`` and
+    ``hvd.grouped_allreduce`` promise to leave their input as it is: under them ``decompress``
+    returns a new tensor. A result is never one of the compressor's own buffers. A gradient
+    that requires grad, a view, a non-contiguous or an inference tensor, or a call traced by
+    ``torch.compile`` gets new tensors (:mod:`horovod_sparse.ops.torch_ops`).
+
     Use one instance per optimizer. ``state_dict()``/``load_state_dict()`` save and restore
     residuals and step counters by key (see :class:`~horovod_sparse.in_band.InBandCompressorBase`).
 
@@ -67,13 +82,31 @@ class TorchCompressor(InBandCompressorBase, HorovodCompressor):
         self._position += 1
         if self.algorithm.stateful and parameter is not None and not parameter.requires_grad:
             return tensor, None  # frozen: Horovod's allreduce as is; decompress passes it through
-        return self.compress_slot(tensor, key)
+        return self.compress_slot(tensor, key, in_place=not under_functional_allreduce())
 
     def decompress(self, tensor, ctx):
         # Sparse gradients (nn.Embedding(sparse=True)) skip compress, and Horovod hands
         # decompress the allgathered sparse tensor with ctx=None: it passes through.
         self._step_finished = True
         return super().decompress(tensor, ctx)
+
+
+#: Horovod's collectives that promise to leave their input unchanged and call ``compress``
+_FUNCTIONAL = tuple(getattr(horovod_mpi_ops, name).__code__ for name in ("allreduce", "grouped_allreduce"))
+
+
+def under_functional_allreduce(depth=6):
+    """Whether ``hvd.allreduce`` or ``hvd.grouped_allreduce`` is calling (up to ``depth`` frames
+    above the compressor's ``compress``: Compression's shared instance, the grouped call's
+    comprehension and ``auto`` may stand between): their input must come back unchanged."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code in _FUNCTIONAL:
+            return True
+        frame = frame.f_back
+    return False
 
 
 Compression = make_compression_namespace(
