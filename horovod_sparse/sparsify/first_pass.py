@@ -80,10 +80,9 @@ def fusable(memory, pieces):
     if not (isinstance(memory, MomentumCorrection) or (isinstance(memory, ErrorFeedback) and memory.enabled)):
         return False
     for piece in pieces:
-        if is_tensorflow(piece):
+        if is_tensorflow(piece) or str(piece.dtype) not in ("float32", "torch.float32"):  # (numpy has no bfloat16)
             return False
-        view = numpy_view(piece)
-        if view is None or view.dtype != np.float32:
+        if numpy_view(piece) is None:
             return False
     return True
 
