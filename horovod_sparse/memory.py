@@ -259,6 +259,17 @@ class Momentum(Memory):
         return _momentum_step(backend(grad), self.momentum_buffer, self.momentum, grad,
                               out=self._spare_of("momentum_buffer"))
 
+    def accumulate_pieces(self, pieces):
+        """Slice by slice: the same float32 operations as :meth:`accumulate`."""
+        self._bind(pieces[0])
+        if is_tensorflow(pieces[0]):
+            return self.accumulate(sys.modules["tensorflow"].concat([_float32(p) for p in pieces], axis=0))
+        u = self._spare_of("momentum_buffer")
+        lib = backend(u)
+        for piece, part in _slices(pieces):
+            _momentum_step(lib, self.momentum_buffer[part], self.momentum, _float32(piece), out=u[part])
+        return u
+
     def commit(self, u, consumed=None):
         self._swap("momentum_buffer", u)
 

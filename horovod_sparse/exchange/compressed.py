@@ -60,7 +60,8 @@ from typing import Any
 import numpy as np
 
 from horovod_sparse.memory import ErrorFeedback
-from horovod_sparse.ops import host, kernels, namespace, views
+from horovod_sparse.ops import cpu, host, kernels, namespace, views
+from horovod_sparse.ops.cpu import quantize as cpu_quantize
 from horovod_sparse.pipeline import check_identity, saved_array
 
 from .comm import CountedExchange, CountingComm, Traffic
@@ -146,6 +147,7 @@ class CompressedAllreduce(CountedExchange):
         self._code_offsets = np.concatenate(([0], np.cumsum(self.chunk_nbytes))).astype(int).tolist()
         self._server = ErrorFeedback(self.chunk_sizes[self.rank], enabled=self.server_error_feedback)
         self._scratch = {}
+        self._residual = None  # this call's residual buffer (allreduce's argument)
 
     # -------------------------------------------------------------- the bound
     def payload_bytes_sent(self):
@@ -157,7 +159,7 @@ class CompressedAllreduce(CountedExchange):
                 + (P - 1) * nbytes(self.chunk_sizes[self.rank]))
 
     # ------------------------------------------------------------------ main
-    def allreduce(self, values, seed, tag=0, want_own=True, finite=True):
+    def allreduce(self, values, seed, tag=0, want_own=True, finite=True, residual=None):
         """Sum ``values`` over the ranks; returns a :class:`CompressedResult`.
 
         values : 1-D float16/32/64 array of length n, numpy or a torch tensor on any
@@ -170,6 +172,9 @@ class CompressedAllreduce(CountedExchange):
         want_own : False skips ``own`` (result.own is None): one pass less.
         finite : False when the caller's values hold an inf or a NaN: every rank then raises
             NonFiniteGradientError, no data moves and nothing here advances.
+        residual : None, or a float32 buffer of n (numpy or a CPU tensor, ``values`` itself
+            allowed; a codec with ``fused_cpu``) that gets ``values - own`` (error feedback's
+            next residual) in the encoding pass, chunk by chunk, without ``own`` being read back.
         Raises ExchangeError on every rank if any rank's input is bad or the ranks
         disagree on n, method, codec, call count or tag; the server residual is then
         unchanged.
@@ -184,6 +189,7 @@ class CompressedAllreduce(CountedExchange):
                     error_code=error_code, error_detail=detail, algorithm=METHODS.index(self.method),
                     count=-1 if x is None else x.shape[0], algorithm_names=METHODS,
                     exchange="compressed allreduce", error_texts=_ERROR_TEXTS, finite=finite)
+        self._residual = residual if residual is not None and not namespace.is_tensorflow(x) else None
         if self.method == "allgather":
             out, own = self._allgather(x, seed)
         else:
@@ -237,9 +243,12 @@ class CompressedAllreduce(CountedExchange):
                      for j in range(P)]
             return sys.modules["tensorflow"].concat([code for code, _ in pairs], 0), [f for _, f in pairs]
         codes = self._buffer("codes", self._code_offsets[-1], "uint8", x)
+        residual = {} if self._residual is None else {"residual": None}
         for j in range(P):
+            if residual:
+                residual["residual"] = self._residual[b[j]:b[j + 1]]
             self.codec.encode(x[b[j]:b[j + 1]], derive_seed(seed, rank, j), out=self._code(codes, j),
-                              decoded=decoded(j))
+                              decoded=decoded(j), **residual)
         return codes
 
     def _alltoall(self, x, seed, want_own):
@@ -259,19 +268,37 @@ class CompressedAllreduce(CountedExchange):
         # 2. the owner's sum of the P decoded pieces of its chunk
         total = self._sum_pieces(received, own_chunk, x)
         # 3. plus the server residual, re-encoded; what it decodes to is the result's chunk
-        acc = self._server.accumulate(total)
+        fused = self._server_fused(total)
+        acc = self._server.accumulate(total) if fused is None else fused
         out = namespace.new_empty(self.n, "float32", x)
         code = self._buffer("owner_code", mine, "uint8", x)
-        codec.encode(acc, derive_seed(seed, P + rank, rank), out=code, decoded=out[b[rank]:b[rank + 1]])
+        codec.encode(acc, derive_seed(seed, P + rank, rank), out=code, decoded=out[b[rank]:b[rank + 1]],
+                     **({} if fused is None else {"residual": acc}))
         # 4. every chunk's code to every rank; decode the others' chunks
         gathered = host.from_host(self._comm.allgatherv(host.to_host(code), self.chunk_nbytes), x)
-        self._server.commit_minus(acc, out[b[rank]:b[rank + 1]])
+        if fused is None:
+            self._server.commit_minus(acc, out[b[rank]:b[rank + 1]])
+        else:
+            self._server.commit_spare("residual")
         for j in range(P):
             if j != rank:
                 codec.decode(self._code(gathered, j), self.chunk_sizes[j], out=out[b[j]:b[j + 1]])
-        if self.majority:
+        if self.majority and P != 1:  # times 1 is the identity: no pass
             out *= P
         return out, own
+
+    def _server_fused(self, total):
+        """The server's acc = total + residual by the compiled kernel into the residual's spare
+        (:mod:`horovod_sparse.ops.cpu.quantize`), where it applies (server error feedback on, the
+        kernels on, a CPU buffer, a codec with ``fused_cpu``); the encode then writes the next
+        residual into that spare in its pass and the commit is a swap. None elsewhere."""
+        view = views.numpy_view(total)
+        if not (self.server_error_feedback and view is not None and getattr(self.codec, "fused_cpu", False)
+                and cpu.enabled()):
+            return None
+        state, spare = self._server.buffers("residual", total)
+        cpu_quantize.accumulate_residual(view, views.numpy_view(state), views.numpy_view(spare))
+        return spare
 
     def _alltoall_tensorflow(self, x, seed, want_own):
         """:meth:`_alltoall` (P >= 3) in TensorFlow's new tensors: the same steps and seeds."""
@@ -377,7 +404,8 @@ class CompressedAllreduce(CountedExchange):
             return (self._vote(out) if self.majority else out), own
         code = self._buffer("codes", size, "uint8", x)
         own = self._buffer("own", n, "float32", x)
-        codec.encode(x, derive_seed(seed, rank), out=code, decoded=own)
+        codec.encode(x, derive_seed(seed, rank), out=code, decoded=own,
+                     **({} if self._residual is None else {"residual": self._residual}))
         gathered = host.from_host(self._comm.allgatherv(host.to_host(code), [size] * P), x)
         out = namespace.new_empty(n, "float32", x)
         for r in range(P):

@@ -37,7 +37,7 @@ import sys
 
 import numpy as np
 
-from horovod_sparse.ops import namespace, views
+from horovod_sparse.ops import cpu, namespace, views
 
 from .scratch import Scratch
 
@@ -74,13 +74,25 @@ class ValueCodec:
     #: "sum" or "majority"
     aggregate = "sum"
 
-    def encode(self, values, seed=0, out=None, decoded=None):
+    #: True where :meth:`_encode_fused` / :meth:`_decode_fused` run compiled kernels
+    #: (:mod:`horovod_sparse.ops.cpu.quantize`) on CPU arrays
+    fused_cpu = False
+
+    def encode(self, values, seed=0, out=None, decoded=None, residual=None):
+        """See the module docstring. ``residual`` (a float32 buffer like ``decoded``, which may
+        be ``values`` itself) also gets ``values - decoded`` in float32: error feedback's next
+        residual, written in the same pass where the kernels run (numpy, CPU tensors)."""
         x = as_values(values)
         if namespace.is_tensorflow(x):  # a new tensor (``out`` and ``decoded`` not written)
             return self._encode(x, seed, None, None)[0]
         out = self._code_buffer(out, x.shape[0], x)
         with np.errstate(all="ignore"):  # overflow, NaN, 0/0: documented per code, never a warning
-            self._encode(_kernel(x), seed, _kernel(out), None if decoded is None else _kernel(decoded))
+            args = (_kernel(x), seed, _kernel(out), _optional(decoded))
+            arrays = (args[0], args[2], args[3], _optional(residual))
+            if not (_fusable(self, *arrays) and self._encode_fused(*args, arrays[3])):
+                self._encode(*args)
+                if residual is not None:
+                    namespace.backend(_kernel(residual)).subtract(_kernel(x), _kernel(decoded), out=_kernel(residual))
         return out
 
     def encode_decoded(self, values, seed=0, out=None, decoded=None):
@@ -100,8 +112,19 @@ class ValueCodec:
             return self._decode(data, count, None)
         out = self._value_buffer(out, count, data)
         with np.errstate(all="ignore"):
-            self._decode(_kernel(data), count, _kernel(out))
+            args = (_kernel(data), count, _kernel(out))
+            if not (_fusable(self, args[0], args[2]) and self._decode_fused(*args)):
+                self._decode(*args)
         return out
+
+    def _encode_fused(self, x, seed, out, decoded, residual):
+        """:meth:`_encode` (and ``residual = x - decoded``) by compiled kernels on numpy arrays;
+        returns False where it does not apply (the numpy code then runs)."""
+        return False
+
+    def _decode_fused(self, data, count, out):
+        """:meth:`_decode` by compiled kernels on numpy arrays; False where it does not apply."""
+        return False
 
     def _encode(self, x, seed, out, decoded):
         """encode into ``out`` (and ``decoded``): arrays of one library and device, numpy for
@@ -147,6 +170,16 @@ class ValueCodec:
 
     def __repr__(self):
         return f"{type(self).__name__}()"
+
+
+def _optional(x):
+    return None if x is None else _kernel(x)
+
+
+def _fusable(codec, *arrays):
+    """Whether ``codec`` runs its compiled kernels on these arrays: it has them, they are on,
+    and every array given is numpy (a CPU tensor's view; CUDA keeps torch's ops)."""
+    return codec.fused_cpu and cpu.enabled() and all(a is None or isinstance(a, np.ndarray) for a in arrays)
 
 
 def _kernel(x):

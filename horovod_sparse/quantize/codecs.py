@@ -36,12 +36,13 @@ import numpy as np
 
 from horovod_sparse.checks import check_int
 from horovod_sparse.ops import indices, kernels, namespace, views
+from horovod_sparse.ops.cpu import quantize as fused
 
 from .bitpack import code_dtype, pack_into, packed_nbytes, padded_count, unpack_into
 from .codec import ValueCodec, as_bytes, as_values
 from .lookup import decode_small_codes
 from .sums import tree_sum_rows
-from .uniform import random_int16
+from .uniform import random_int16, stream_keys
 
 
 # --------------------------------------------------------------- small helpers
@@ -63,6 +64,14 @@ def _scalar(value, like):
 
 def _tf():
     return sys.modules["tensorflow"]
+
+
+_EMPTY = np.zeros(0, np.float32)
+
+
+def _or_empty(buffer):
+    """A kernel's optional float32 output: the buffer, or an empty array (not wanted)."""
+    return _EMPTY if buffer is None else buffer
 
 
 def _window(buffer, start, stop=None):
@@ -323,6 +332,42 @@ class _StochasticLevels(ValueCodec):
             floats = [decode_small_codes(packed, self.bits, count, lookup, decoded)]
         return _joined(out, head, packed), None if decoded is None else _joined(decoded, *floats)
 
+    #: off for now: levels_encode runs scalar per value (the hash, the levels, the packing) and
+    #: measured slower than the numpy passes at 25M (bit for bit equal: the tests turn it on)
+    fused_cpu = False
+
+    def _encode_fused(self, x, seed, out, decoded, residual):
+        """:meth:`_encode` in one compiled pass (:func:`~horovod_sparse.ops.cpu.quantize.levels_encode`;
+        TernGrad's scale first, one read): the same bytes and floats."""
+        count, scratch = x.shape[0], self.scratch
+        if count == 0:
+            return False
+        buckets, bucket = self._buckets(count), self._bucket(count)
+        scales = scratch.get("norms", buckets, "float32", x)
+        norms_here = self._fused_scales(x, scales)
+        k1, k2 = (np.uint64(k & 0xFFFFFFFF) for k in stream_keys(seed))
+        # the norm of the only bucket sums its blocks' trees (_blocks: multiples of 8); buckets of
+        # several are whole within a block
+        block = 8 * max(1, BLOCK // 8) if buckets == 1 else bucket
+        row = scratch.get("squares", min(bucket, block, count), "float32", x)
+        codes = scratch.get("fused_codes", fused._CHUNK, "int64", x)
+        fused.levels_encode(x, scales, norms_here, bucket, block, self.levels, self.bits, k1, k2, 0,
+                            out[4 * buckets:], _or_empty(decoded), _or_empty(residual), row, codes)
+        _write_floats(out, scales)
+        return True
+
+    def _fused_scales(self, x, scales):
+        """Fill ``scales`` before the encode pass, or return True: the pass computes them."""
+        raise NotImplementedError
+
+    def _decode_fused(self, data, count, out):
+        if count == 0:
+            return False
+        scales = _read_floats(data, self._buckets(count), self.scratch)
+        fused.levels_decode(data[4 * scales.shape[0]:], count, scales, self._bucket(count), self.levels,
+                            self.bits, out)
+        return True
+
     def _codes(self, y, count, scratch):
         """trunc(y) as the codes (numpy, torch: a zero-padded scratch buffer of :func:`code_dtype`
         and ``padded_count``; TensorFlow: new int32)."""
@@ -566,6 +611,9 @@ class QSGDCodec(_StochasticLevels):
         norms[...] = _sqrt(norms)
         return norms
 
+    def _fused_scales(self, x, scales):
+        return True  # each bucket's norm, as the pass reaches it
+
     def __repr__(self):
         return f"QSGDCodec(levels={self.levels}, bucket_size={self.bucket_size})"
 
@@ -610,6 +658,10 @@ class TernGradCodec(_StochasticLevels):
         scale[...] = xp.maximum(xp.abs(low), xp.abs(high))  # abs: no -0 from -min
         return scale
 
+    def _fused_scales(self, x, scales):
+        fused.max_magnitude(x, scales)
+        return False
+
 
 # ----------------------------------------------------------------- sign codes
 class SignCodec(ValueCodec):
@@ -650,6 +702,29 @@ class SignCodec(ValueCodec):
     def _header(self, x, bits, count):
         """The header floats (float32 array of ``header_floats``), or None."""
         return None
+
+    fused_cpu = True
+
+    def _encode_fused(self, x, seed, out, decoded, residual):
+        """:meth:`_encode` by compiled kernels: the header's sums in one read
+        (:func:`~horovod_sparse.ops.cpu.quantize.tree_sums`), then bits, decoded floats and
+        residual in one pass (:func:`~horovod_sparse.ops.cpu.quantize.sign_encode`)."""
+        header = self._fused_header(x, x.shape[0])
+        if header is not None:
+            _write_floats(out, header)
+        fused.sign_encode(x, out[4 * self.header_floats:], self._values(header, x), _or_empty(decoded),
+                          _or_empty(residual))
+        return True
+
+    def _fused_header(self, x, count):
+        """:meth:`_header`'s floats, by the kernels (the same bits)."""
+        return None
+
+    def _decode_fused(self, data, count, out):
+        k = self.header_floats
+        header = _read_floats(data, k, self.scratch) if k else None
+        fused.one_bit_decode(data[4 * k:], count, self._values(header, out), out)
+        return True
 
     def vote_of_two(self, first, second, out):
         """The code of the majority vote of two codes (uint8, same count): negative only where
@@ -697,6 +772,12 @@ class ScaledSignCodec(SignCodec):
         scale /= _scalar(max(count, 1), x)
         return scale
 
+    def _fused_header(self, x, count):
+        scale = self.scratch.get("means", 1, "float32", x)
+        scale[0] = fused.tree_sums(x, 0, self.scratch)[0][0] if count else 0
+        scale /= np.float32(max(count, 1))
+        return scale
+
     def _values(self, header, like):
         return _signs(header[0], like)
 
@@ -741,6 +822,13 @@ class OneBitCodec(SignCodec):
         means[...] = tree_sum_rows(sides)                           # [sum of max(x, 0), of min(x, 0)]
         means[0] /= _scalar(max(count - negatives, 1), x)
         means[1] /= _scalar(max(negatives, 1), x)
+        return means
+
+    def _fused_header(self, x, count):
+        means = self.scratch.get("means", 2, "float32", x)
+        means[...], negatives = fused.tree_sums(x, 1, self.scratch) if count else (0, 0)
+        means[0] /= np.float32(max(count - negatives, 1))
+        means[1] /= np.float32(max(negatives, 1))
         return means
 
     def _values(self, header, like):

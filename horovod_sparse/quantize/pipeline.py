@@ -10,7 +10,11 @@ communicator, with its server residual) and a step counter. It is a
 A step, on the buffer's own library and device (numpy, or torch on CPU/CUDA):
 
 1. ``acc = memory.accumulate(grad)``: grad + residual (error feedback), Signum's
-   u = momentum * u + grad, or grad itself; one pass, into a reused buffer;
+   u = momentum * u + grad, or grad itself; one pass, into a reused buffer. ``grad`` may be
+   a list of pieces (:attr:`~horovod_sparse.pipeline.Pipeline.takes_pieces`: a step's
+   gradients, flattened, back to back), read where they are, each into its slice of that
+   buffer (with the kernels: one fused accumulate + overflow check per piece), the same bits
+   as their float32 concatenation; so the frontends skip the fused copy;
 2. the compressed allreduce of ``acc`` with seed ``derive_seed(seed, step)``: encode on
    the device (writing what the receivers will decode, ``own``), codes to the host and
    over MPI, decode on the device;
@@ -33,7 +37,8 @@ from horovod_sparse.exchange.compressed import CompressedAllreduce
 from horovod_sparse.exchange.seeds import derive_seed
 from horovod_sparse.exchange.comm import Traffic
 from horovod_sparse.memory import ErrorFeedback, Momentum
-from horovod_sparse.ops import namespace
+from horovod_sparse.ops import cpu, namespace, views
+from horovod_sparse.ops.cpu import quantize as cpu_quantize
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.pipeline import Pipeline, saved_array, with_prefix, without_prefix
 
@@ -122,36 +127,114 @@ class QuantizedPipeline(Pipeline):
         """Signum's momentum u (float32 n, the live buffer), or None."""
         return self.memory.momentum_buffer if self.momentum is not None else None
 
+    takes_pieces = True  # step 1 reads a step's gradients where they are (no fused copy)
+    fresh_result = True  # the exchange allocates the result at every call (new_empty, or new tensors)
+
     def step(self, grad, tag=0, finite=True):
         """Exchange this step's gradient; return the sum over ranks of what they sent, decoded.
 
         grad : 1-D float array of length n (cast to float32), numpy or a torch tensor on
-            any device, or an eager TensorFlow tensor; this rank's gradient, only read. A bad grad (wrong length, not
-            float, not 1-D) is reported through the exchange's agreement: ExchangeError
-            on every rank.
+            any device, or an eager TensorFlow tensor; this rank's gradient, only read. Or a
+            list of 1-D float pieces that are that buffer back to back (a step's gradients,
+            flattened), read where they are: the same bits as their concatenation cast to
+            float32. A bad grad (wrong length, not float, not 1-D; pieces of another total
+            length) is reported through the exchange's agreement: ExchangeError on every rank.
         tag : int every rank passes identically (a CRC of the layout).
         finite : False when another gradient of this rank's step overflowed (the step is
             skipped on every rank, as for an overflow here).
 
-        Returns a new float32 array of length n in grad's library and device, bitwise
-        identical on every rank. If the exchange raises, the pipeline's state is left as
-        it was before the call; so it is when any rank's acc holds an inf or a NaN
-        (NonFiniteGradientError on every rank).
+        Returns a new float32 array of length n in grad's library and device (the first
+        piece's), bitwise identical on every rank. If the exchange raises, the pipeline's
+        state is left as it was before the call; so it is when any rank's acc holds an inf
+        or a NaN (NonFiniteGradientError on every rank).
         """
-        g = self._float32(grad)
-        if g is None:
-            self.exchange.allreduce(grad, seed=0, tag=tag)  # raises ExchangeError on every rank
-            raise AssertionError("unreachable: the exchange accepted a bad gradient")
-        acc = self.memory.accumulate(g)                                       # 1.
-        result = self.exchange.allreduce(acc, seed=derive_seed(self.seed, self.step_count), tag=tag,
-                                         want_own=self.error_feedback, finite=finite and all_finite(acc))  # 2.
-        if self.momentum is not None:                                         # 3.
-            self.memory.commit(acc)
+        if isinstance(grad, (list, tuple)):
+            g = self._pieces(grad)
         else:
-            self.memory.commit_minus(acc, result.own)
+            g = self._float32(grad)
+        if g is None:
+            self.exchange.allreduce(_bad_stand_in(grad, self.n), seed=0, tag=tag)  # ExchangeError on every rank
+            raise AssertionError("unreachable: the exchange accepted a bad gradient")
+        views_found = self._fusable(g)
+        if views_found is not None:
+            result = self._fused_step(g, views_found, tag, finite)
+        else:
+            pieces = isinstance(g, list)
+            acc = self.memory.accumulate_pieces(g) if pieces else self.memory.accumulate(g)   # 1.
+            result = self.exchange.allreduce(acc, seed=derive_seed(self.seed, self.step_count), tag=tag,
+                                             want_own=self.error_feedback, finite=finite and all_finite(acc))  # 2.
+            if self.momentum is not None:                                     # 3.
+                self.memory.commit(acc)
+            else:
+                self.memory.commit_minus(acc, result.own)
         self.last = QuantizeStepInfo(self.step_count, result.own, result.traffic)
         self.step_count += 1
         return result.values
+
+    def _pieces(self, grad):
+        """The checked pieces (a list of contiguous 1-D float arrays, n elements in all), or one
+        float32 buffer (TensorFlow pieces fused; no pieces at all for n = 0; a single piece
+        without memory, read as the buffer), or None when a piece is bad or the total length
+        is not n."""
+        try:
+            pieces = [_as_piece(piece) for piece in grad]
+            if any(piece is None for piece in pieces) or sum(int(p.shape[0]) for p in pieces) != self.n:
+                return None
+            if not pieces:
+                return np.empty(0, np.float32)
+            if len(pieces) == 1 and self.momentum is None and not self.error_feedback:
+                return self._float32(pieces[0])  # no memory: acc is the gradient itself, no copy
+            if any(namespace.is_tensorflow(piece) for piece in pieces):
+                return namespace.concat_float32(pieces)
+            return pieces
+        except Exception:
+            return None
+
+    def _fusable(self, g):
+        """numpy views of the gradient's pieces (one buffer: one piece) when this step runs the
+        compiled kernels (:mod:`horovod_sparse.ops.cpu.quantize`): they are on, the codec has
+        them and every piece is float32 numpy or a float32 CPU tensor; else None."""
+        if not (cpu.enabled() and getattr(self.codec, "fused_cpu", False)):
+            return None
+        found = []
+        for piece in (g if isinstance(g, list) else [g]):
+            if namespace.is_torch(piece) and piece.dtype != sys.modules["torch"].float32:
+                return None
+            view = views.numpy_view(piece)
+            if view is None or view.dtype != np.float32:
+                return None
+            found.append(view)
+        return found
+
+    def _fused_step(self, g, found, tag, finite):
+        """Steps 1-3 with the kernels: acc and the overflow check in one pass into the memory's
+        spare, piece by piece into its slices (a single buffer without memory is acc itself);
+        the encode writes the next residual into that same spare (acc - own, in its pass);
+        the commit is a swap, only once the exchange succeeded. The same bits as the numpy path."""
+        state_name = ("momentum_buffer" if self.momentum is not None
+                      else "residual" if self.error_feedback else None)
+        first = g[0] if isinstance(g, list) else g
+        if state_name is None and not isinstance(g, list):
+            acc, ok = g, cpu_quantize.all_finite(found[0])
+        else:
+            state, acc = self.memory.buffers(state_name or "residual", first)
+            state, out = views.numpy_view(state), views.numpy_view(acc)
+            momentum, ok, offset = np.float32(self.momentum or 0), True, 0
+            for view in found:
+                part = slice(offset, offset + view.shape[0])
+                if self.momentum is not None:
+                    ok = cpu_quantize.accumulate_momentum(view, state[part], momentum, out[part]) and ok
+                elif self.error_feedback:
+                    ok = cpu_quantize.accumulate_residual(view, state[part], out[part]) and ok
+                else:
+                    ok = cpu_quantize.copy_finite(view, out[part]) and ok
+                offset = part.stop
+        result = self.exchange.allreduce(acc, seed=derive_seed(self.seed, self.step_count), tag=tag,
+                                         want_own=self.error_feedback, finite=finite and ok,
+                                         residual=acc if self.error_feedback else None)
+        if state_name is not None:
+            self.memory.commit_spare(state_name)
+        return result
 
     def _float32(self, grad):
         """``grad`` as a 1-D float32 array of length n (no copy when it is one), or None."""
@@ -189,3 +272,31 @@ class QuantizedPipeline(Pipeline):
     def __repr__(self):
         return (f"QuantizedPipeline(n={self.n}, codec={self.codec!r}, method={self.method!r}, "
                 f"error_feedback={self.error_feedback}, momentum={self.momentum}, step={self.step_count})")
+
+
+def _as_piece(piece):
+    """``piece`` as a contiguous 1-D float array of its own library and dtype (itself where it is
+    one, detached), or None when it is not 1-D float data."""
+    if namespace.is_tensorflow(piece):
+        return piece if piece.shape.rank == 1 and piece.dtype.is_floating else None
+    if namespace.is_torch(piece):
+        p = piece.detach()
+        return p.contiguous() if p.dim() == 1 and p.is_floating_point() else None
+    p = np.asarray(piece)
+    return np.ascontiguousarray(p) if p.ndim == 1 and p.dtype.kind == "f" else None
+
+
+def _bad_stand_in(grad, n):
+    """What the exchange is handed for a bad ``grad`` so that its agreement reports it: a bad
+    buffer as it is; for pieces, a float32 stand-in of their total length (no memory: a
+    broadcast zero) when every piece is 1-D float data, else a 2-D array (bad values)."""
+    if not isinstance(grad, (list, tuple)):
+        return grad
+    try:
+        pieces = [_as_piece(piece) for piece in grad]
+        total = sum(int(p.shape[0]) for p in pieces if p is not None)
+        if all(piece is not None for piece in pieces) and total != n:
+            return np.broadcast_to(np.float32(0), (total,))
+    except Exception:
+        pass
+    return np.zeros((0, 0), np.float32)

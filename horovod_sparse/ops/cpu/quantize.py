@@ -1,0 +1,501 @@
+"""The quantizers' hot passes, compiled: memory + overflow check, scale, encode, pack, decode.
+
+Each kernel replaces several numpy passes of :mod:`horovod_sparse.quantize` (named in its
+docstring) by one loop that does the float32 work of an element while it is in registers,
+with the same IEEE operations in the same order, so the bytes and floats are the numpy
+path's, bit for bit (no fast-math: LLVM neither reassociates nor fuses a multiply-add):
+
+* :func:`accumulate_residual`, :func:`accumulate_momentum`: the memory's acc (error
+  feedback's grad + residual, Signum's momentum * u + grad) and the overflow check of
+  :func:`horovod_sparse.ops.finite.all_finite`, in one pass (:func:`copy_finite` without memory);
+* :func:`tree_sums`: the fixed-order tree sums of :mod:`horovod_sparse.quantize.sums` of
+  |x|, or of x's positive and negative sides, in one read of x (the first rounds of the
+  tree pair elements half a row apart: 16 streams read side by side, see the docstring);
+* :func:`sign_encode`: sign bits packed, and what the code decodes to, and acc minus it;
+* :func:`levels_encode` / :func:`levels_decode`: QSGD's and TernGrad's stochastic levels
+  (the counter-based random numbers of :mod:`horovod_sparse.quantize.uniform` computed in
+  the loop, not drawn into a buffer), packed, and the decoded floats, per bucket;
+* :func:`one_bit_decode`: a 1-bit code to its two values.
+
+Callers (the codecs, the pipeline) take these when :func:`horovod_sparse.ops.cpu.enabled`
+and the arrays are numpy (CPU tensors as zero-copy numpy views); else the numpy code, the
+reference.
+
+Example::
+
+    from horovod_sparse.ops import cpu
+    from horovod_sparse.ops.cpu import quantize as fused
+    if cpu.enabled():
+        finite = fused.accumulate_residual(grad, residual, acc)   # acc = grad + residual
+"""
+import numpy as np
+
+from . import jit
+
+_EXPONENT = 0x7F800000      # float32 exponent bits: all ones for inf and NaN
+_BLOCK = 4096               # values per block of a two-loop kernel (in L1)
+_STREAM_LEVELS = 2          # tree rounds done in L1: 2**2 streams of x read side by side (measured best)
+_LANES = 256                # values per stream and block of tree_sums
+_MASK32 = 0xFFFFFFFF
+_M1 = 0x7FEB352D
+_M2 = 0x846CA68B
+
+
+# ------------------------------------------------------------- memory + overflow check
+@jit
+def _exponent_top(bits, start, stop):
+    """max over [start, stop) of the exponent bits (int32 view of float32). (Loops index slices
+    from 0: numba then knows the index is not negative, and LLVM vectorises.)"""
+    top = 0
+    part = bits[start:stop]
+    for i in range(stop - start):
+        e = part[i] & _EXPONENT
+        top = e if e > top else top
+    return top
+
+
+@jit
+def accumulate_residual(grad, residual, acc):
+    """acc = grad + residual (float32); returns whether every acc is finite.
+
+    Replaces :meth:`horovod_sparse.memory.ErrorFeedback.accumulate` (numpy add) and
+    :func:`horovod_sparse.ops.finite.all_finite` (a second read): block by block, the add,
+    then the exponent bits of the block (still in L1) for inf or NaN."""
+    n = acc.shape[0]
+    bits = acc.view(np.int32)
+    top = 0
+    for start in range(0, n, _BLOCK):
+        stop = min(start + _BLOCK, n)
+        a, g, r = acc[start:stop], grad[start:stop], residual[start:stop]
+        for i in range(stop - start):
+            a[i] = g[i] + r[i]
+        top = max(top, _exponent_top(bits, start, stop))
+    return top != _EXPONENT
+
+
+@jit
+def accumulate_momentum(grad, momentum_buffer, momentum, out):
+    """out = momentum * u + grad in float32 (the product rounded, then the sum); returns
+    whether every out is finite. Replaces :func:`horovod_sparse.memory._momentum_step`
+    (numpy multiply, then add) and the overflow check. ``momentum`` is a float32."""
+    n = out.shape[0]
+    bits = out.view(np.int32)
+    top = 0
+    for start in range(0, n, _BLOCK):
+        stop = min(start + _BLOCK, n)
+        o, u, g = out[start:stop], momentum_buffer[start:stop], grad[start:stop]
+        for i in range(stop - start):
+            product = u[i] * momentum
+            o[i] = product + g[i]
+        top = max(top, _exponent_top(bits, start, stop))
+    return top != _EXPONENT
+
+
+@jit
+def copy_finite(grad, out):
+    """out = grad (float32); returns whether every element is finite: the pieces of a buffer
+    without memory fused into a reused buffer, and the overflow check, in one pass."""
+    n = out.shape[0]
+    bits = out.view(np.int32)
+    top = 0
+    for start in range(0, n, _BLOCK):
+        stop = min(start + _BLOCK, n)
+        o, g = out[start:stop], grad[start:stop]
+        for i in range(stop - start):
+            o[i] = g[i]
+        top = max(top, _exponent_top(bits, start, stop))
+    return top != _EXPONENT
+
+
+@jit
+def all_finite(x):
+    """Whether every element of the float32 ``x`` is finite (the exponent bits, exact):
+    :func:`horovod_sparse.ops.finite.all_finite` without its second pass on overflow."""
+    return _exponent_top(x.view(np.int32), 0, x.shape[0]) != _EXPONENT
+
+
+@jit
+def subtract_into(acc, consumed):
+    """acc -= consumed in float32, in place: :meth:`ErrorFeedback.commit_minus`'s subtract on
+    numpy views (a CPU tensor's torch subtract is slower, the same IEEE differences)."""
+    for i in range(acc.shape[0]):
+        acc[i] = acc[i] - consumed[i]
+
+
+# ------------------------------------------------------------------------ tree sums
+@jit
+def _rounds(row, width):
+    """:func:`horovod_sparse.quantize.sums.tree_sum_rows` of one row, in place: row[0]."""
+    while width > 1:
+        half = width // 2
+        for j in range(half):
+            row[j] = row[j] + row[width - half + j]
+        width -= half
+    return row[0]
+
+
+@jit
+def _plan(width, levels):
+    """(widths, offsets, fast): the row widths after each of ``levels`` tree rounds, the
+    offset of each of the 2**levels leaves of a final element (bit b of the leaf set adds
+    widths[b + 1]), and the number of final elements whose leaves all pair (no middle
+    element of an odd width waits on their paths)."""
+    widths = np.empty(levels + 1, np.int64)
+    widths[0] = width
+    for level in range(1, levels + 1):
+        widths[level] = widths[level - 1] - widths[level - 1] // 2
+    offsets = np.zeros(1 << levels, np.int64)
+    for leaf in range(1 << levels):
+        for b in range(levels):
+            if (leaf >> b) & 1:
+                offsets[leaf] += widths[b + 1]
+    fast = widths[levels]
+    for level in range(1, levels + 1):
+        above = 0
+        for b in range(level + 1, levels + 1):
+            above += widths[b]
+        fast = min(fast, widths[level - 1] // 2 - above)
+    return widths, offsets, max(fast, 0)
+
+
+@jit
+def _combine(leaves, present, count, lanes):
+    """Pairwise rounds over the leaves (bit 0 first: the first round's pairs), each pair
+    ``lower + upper`` in that order, an absent upper leaf leaving the lower as it is."""
+    while count > 1:
+        count //= 2
+        for t in range(count):
+            target, lower, upper = leaves[t], leaves[2 * t], leaves[2 * t + 1]
+            if present[2 * t + 1]:
+                for b in range(lanes):
+                    target[b] = lower[b] + upper[b]
+            else:
+                for b in range(lanes):
+                    target[b] = lower[b]
+            present[t] = present[2 * t]
+
+
+@jit
+def _load(xs, leaves, leaf, count, lanes, mode):
+    """The rows' leaf ``leaf`` of the values xs[:lanes] (row r in leaves[r * count + leaf]):
+    mode 0 |x|; mode 1 numpy's clip(x, 0, None) and clip(x, None, 0) (-0 becomes +0, NaN
+    stays); one vectorised loop each. Returns the count of xs < 0 (mode 1; else 0)."""
+    negatives = 0
+    if mode == 0:
+        ls = leaves[leaf]
+        for b in range(lanes):
+            ls[b] = abs(xs[b])
+        return 0
+    high, low = leaves[leaf], leaves[count + leaf]
+    for b in range(lanes):
+        v = xs[b]
+        high[b] = v if (v > 0 or v != v) else np.float32(0)
+        low[b] = v if (v < 0 or v != v) else np.float32(0)
+        negatives += v < 0
+    return negatives
+
+
+@jit
+def _tree_sums(x, mode, rows, rest):
+    """The kernel of :func:`tree_sums`; ``rest`` is float32 (rows, widths[levels]) scratch."""
+    n = x.shape[0]
+    levels = 0
+    while levels < _STREAM_LEVELS and (n >> (levels + 1)) >= _LANES:
+        levels += 1
+    widths, offsets, fast = _plan(n, levels)
+    count = 1 << levels
+    final = widths[levels]
+    leaves = np.empty((rows * count, _LANES), np.float32)
+    present = np.ones(count, np.bool_)
+    negatives = 0
+    for j0 in range(0, fast, _LANES):           # every leaf pairs: 2**levels streams, vectorised
+        lanes = min(_LANES, fast - j0)
+        for leaf in range(count):
+            base = j0 + offsets[leaf]
+            negatives += _load(x[base:base + lanes], leaves, leaf, count, lanes, mode)
+        for row in range(rows):
+            present[:] = True
+            _combine(leaves[row * count:(row + 1) * count], present, count, lanes)
+            target, first = rest[row, j0:j0 + lanes], leaves[row * count]
+            for b in range(lanes):
+                target[b] = first[b]
+    for j in range(fast, final):                # the few whose paths meet a waiting middle
+        for leaf in range(count):
+            index, ok = j, True
+            for level in range(levels, 0, -1):
+                if (leaf >> (level - 1)) & 1:
+                    if index >= widths[level - 1] // 2:
+                        ok = False
+                        break
+                    index += widths[level]
+            if ok:
+                negatives += _load(x[index:index + 1], leaves, leaf, count, 1, mode)
+        for row in range(rows):
+            for leaf in range(count):           # presence again (the combine overwrites it)
+                index, ok = j, True
+                for level in range(levels, 0, -1):
+                    if (leaf >> (level - 1)) & 1:
+                        if index >= widths[level - 1] // 2:
+                            ok = False
+                            break
+                        index += widths[level]
+                present[leaf] = ok
+            _combine(leaves[row * count:(row + 1) * count], present, count, 1)
+            rest[row, j] = leaves[row * count, 0]
+    sums = np.empty(rows, np.float32)
+    for row in range(rows):
+        sums[row] = _rounds(rest[row], final)
+    return sums, negatives
+
+
+def tree_sums(x, mode, scratch):
+    """(sums, negatives): the fixed-order tree sums (:mod:`horovod_sparse.quantize.sums`) of
+    mode 0: |x| (one row; ScaledSignCodec's header); mode 1: clip(x, 0, None) and
+    clip(x, None, 0) (two rows; OneBitCodec's) with the count of x < 0. x: float32, n >= 1.
+
+    Replaces the codecs' numpy abs/clip into a scratch row, tree_sum_rows' log2(n) passes
+    and count_nonzero: x is read once. The first rounds of the tree add x[j] to x[j + w/2]:
+    the kernel reads 2**2 streams of x at the leaves' offsets, sums each element's 4
+    leaves in the tree's order in L1, and only the n/4 partial sums go through the
+    remaining rounds. The same additions, the same operands in the same order: the same bits.
+    ``scratch`` is a :class:`~horovod_sparse.quantize.scratch.Scratch` (no allocation per call)."""
+    rows, width, levels = (1 if mode == 0 else 2), int(x.shape[0]), 0
+    while levels < _STREAM_LEVELS and (width >> (levels + 1)) >= _LANES:
+        levels += 1
+    for _ in range(levels):
+        width -= width // 2
+    rest = scratch.get("tree_rest", rows * width, "float32", x).reshape(rows, width)
+    return _tree_sums(x, mode, rows, rest)
+
+
+# ------------------------------------------------------------------------ sign codes
+@jit
+def _signs_of(xs, lanes):
+    """Bit b set where xs[b] < 0, for b < lanes (<= 64)."""
+    mask = np.uint64(0)
+    for b in range(lanes):
+        if xs[b] < 0:
+            mask |= np.uint64(1) << np.uint64(b)
+    return mask
+
+
+@jit
+def sign_encode(x, out, values, decoded, residual):
+    """The 1-bit sign code of x into ``out`` (bit 1 where x < 0, LSB first: :mod:`.bitpack`);
+    ``decoded`` (if not empty) = values[bit]; ``residual`` (if not empty) = x - values[bit].
+
+    Replaces :func:`horovod_sparse.quantize.codecs._negative_bits` + ``pack_into`` (np.packbits)
+    + ``decode_small_codes`` of the code + the pipeline's commit subtract: one pass, 64 values
+    at a time (a word of bits, then vectorised selects)."""
+    n = x.shape[0]
+    want_decoded, want_residual = decoded.shape[0] > 0, residual.shape[0] > 0
+    v0, v1 = values[0], values[1]
+    for w0 in range(0, n, 64):
+        lanes = min(64, n - w0)
+        xs = x[w0:w0 + lanes]
+        mask = _signs_of(xs, lanes)
+        o = out[w0 // 8:w0 // 8 + (lanes + 7) // 8]
+        for q in range((lanes + 7) // 8):
+            o[q] = np.uint8((mask >> np.uint64(8 * q)) & np.uint64(0xFF))
+        if want_decoded:
+            ds = decoded[w0:w0 + lanes]
+            for b in range(lanes):
+                ds[b] = v1 if xs[b] < 0 else v0
+        if want_residual:
+            rs = residual[w0:w0 + lanes]
+            for b in range(lanes):
+                rs[b] = xs[b] - (v1 if xs[b] < 0 else v0)
+
+
+@jit
+def one_bit_decode(data, count, values, out):
+    """out[i] = values[bit i of data] for the first ``count`` bits (LSB first).
+    Replaces :func:`horovod_sparse.quantize.lookup.decode_small_codes` for 1 bit."""
+    v0, v1 = values[0], values[1]
+    for g0 in range(0, count, 8):
+        lanes = min(8, count - g0)
+        byte = np.int64(data[g0 // 8])
+        os = out[g0:g0 + lanes]
+        for b in range(lanes):
+            os[b] = v1 if (byte >> b) & 1 else v0
+
+
+@jit
+def max_magnitude(x, scale):
+    """scale[0] = max(|min x|, |max x|) of a non-empty float32 x: TernGradCodec's scale
+    (numpy's min and max, then abs and maximum). A NaN anywhere gives |NaN|: the first NaN
+    with its sign cleared (numpy's min/max propagate NaN; with several NaNs of different
+    payloads numpy may carry another one's: only the NaN header's payload could differ)."""
+    low, high = x[0], x[0]
+    for i in range(x.shape[0]):
+        v = x[i]
+        if v != v:
+            scale[0] = abs(v)
+            return
+        low = v if v < low else low
+        high = v if v > high else high
+    low, high = abs(low), abs(high)
+    scale[0] = high if high > low else low
+
+
+# -------------------------------------------------------------- stochastic levels
+@jit
+def _random_int16(i, k1, k2):
+    """h_i of :mod:`horovod_sparse.quantize.uniform`: half i % 2 of the word i // 2, as int16
+    (uint64 arithmetic masked to 32 bits: the wrapping uint32 of numpy's path)."""
+    mask, sixteen = np.uint64(_MASK32), np.uint64(16)
+    x = (np.uint64(i // 2) + k1) & mask
+    x ^= x >> sixteen
+    x = (x * np.uint64(_M1)) & mask
+    x ^= k2
+    x ^= x >> sixteen
+    x = (x * np.uint64(_M2)) & mask
+    x ^= x >> sixteen
+    half = np.int64((x >> sixteen) if i & 1 else (x & np.uint64(0xFFFF)))
+    return half - 65536 if half >= 32768 else half
+
+
+@jit
+def _bucket_norm(x, start, stop, block, row):
+    """QSGD's norm of the bucket x[start:stop]: sqrt (IEEE, correctly rounded) of the tree sum
+    of its squares; a bucket longer than ``block`` (then the only bucket) sums its blocks'
+    trees in order, as QSGDCodec._scales does block by block."""
+    total = np.float32(0)
+    for p0 in range(start, stop, block):
+        width = min(block, stop - p0)
+        for j in range(width):
+            row[j] = x[p0 + j] * x[p0 + j]
+        part = _rounds(row, width)
+        total = part if p0 == start else total + part
+    return np.sqrt(total)
+
+
+@jit
+def _pack_group(codes, at, bits, out, first, nbytes):
+    """Bytes [first, first + nbytes) of the stream of the 8 codes codes[at:at + 8]."""
+    if bits <= 8:                       # one word: the common case, unrolled
+        word = np.uint64(0)
+        for k in range(8):
+            word |= np.uint64(codes[at + k]) << np.uint64(k * bits)
+        for q in range(nbytes):
+            out[first + q] = np.uint8((word >> np.uint64(8 * q)) & np.uint64(0xFF))
+        return
+    low = np.uint64(0)
+    high = np.uint64(0)
+    for k in range(8):
+        shift = k * bits
+        c = np.uint64(codes[at + k])
+        if shift < 64:
+            low |= c << np.uint64(shift)
+            if shift + bits > 64:
+                high |= c >> np.uint64(64 - shift)
+        else:
+            high |= c << np.uint64(shift - 64)
+    for q in range(nbytes):
+        word = low if q < 8 else high
+        out[first + q] = np.uint8((word >> np.uint64(8 * (q % 8))) & np.uint64(0xFF))
+
+
+_CHUNK = 2048  # values per chunk of levels_encode: codes computed, then packed (a multiple of 8)
+
+
+@jit
+def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, start, out, decoded, residual,
+                  row, codes):
+    """The stochastic levels of :class:`horovod_sparse.quantize.codecs._StochasticLevels`.
+
+    Per bucket of ``bucket`` values, scale S = ``scales[bucket]`` (``norms_here``: QSGD's norm,
+    computed here as the bucket is reached and written into ``scales``); inv = s / S, step = S / s;
+    y = x * inv + (h + 65536 s + 32768.5) * 2**-16 (h of :mod:`horovod_sparse.quantize.uniform`,
+    computed in the loop), code = trunc(y) (s in a broken bucket: S or inv not finite; clipped
+    to [0, 2s] for s > 31), packed ``bits`` each from byte 0 of ``out``; ``decoded`` (if not
+    empty) = (code - s) * step; ``residual`` (if not empty) = x - that.
+
+    Replaces QSGDCodec._scales (squares, tree_sum_rows, _sqrt), _inverse, random_int16, _noise,
+    _per_bucket, _plus, _broken_rows, _clipped, _codes, pack_into, _values and the pipeline's
+    commit subtract: one read of x, chunk by chunk in L1. ``k1``, ``k2``: the stream keys as
+    uint64 of their 32 bits; ``start``: x[0]'s index in the stream (even); ``block``: see
+    :func:`_bucket_norm`; ``row``: float32 scratch of min(bucket, block, n); ``codes``: int64
+    scratch of _CHUNK."""
+    n = x.shape[0]
+    s = np.float32(levels)
+    offset = np.float32(65536.0 * levels + 32768.5)
+    scale16 = np.float32(2.0 ** -16)
+    high_clip = np.float32(2 * levels)
+    want_decoded, want_residual = decoded.shape[0] > 0, residual.shape[0] > 0
+    total_bytes = (n * bits + 7) // 8
+    for c0 in range(0, n, _CHUNK):
+        c1 = min(c0 + _CHUNK, n)
+        i = c0
+        while i < c1:                                   # the chunk's codes, bucket by bucket
+            b = i // bucket
+            stop = min(c1, (b + 1) * bucket)
+            if norms_here and i == b * bucket:
+                scales[b] = _bucket_norm(x, i, min(n, (b + 1) * bucket), block, row)
+            scale = scales[b]
+            inv = s / scale
+            step = scale / s
+            xs, cs, width = x[i:stop], codes[i - c0:stop - c0], stop - i
+            if not (np.isfinite(inv) and np.isfinite(scale)):
+                cs[:] = levels
+            elif levels > 31:
+                for t in range(width):
+                    noise = (np.float32(_random_int16(start + i + t, k1, k2)) + offset) * scale16
+                    cs[t] = np.int64(min(max(xs[t] * inv + noise, np.float32(0)), high_clip))
+            else:
+                for t in range(width):
+                    noise = (np.float32(_random_int16(start + i + t, k1, k2)) + offset) * scale16
+                    cs[t] = np.int64(xs[t] * inv + noise)
+            if want_decoded:
+                ds = decoded[i:stop]
+                for t in range(width):
+                    ds[t] = (np.float32(cs[t]) - s) * step
+            if want_residual:
+                rs = residual[i:stop]
+                for t in range(width):
+                    rs[t] = xs[t] - (np.float32(cs[t]) - s) * step
+            i = stop
+        for k in range(c1 - c0, ((c1 - c0 + 7) // 8) * 8):
+            codes[k] = 0
+        for g in range(0, c1 - c0, 8):                  # then packed, 8 codes = ``bits`` bytes
+            first = (c0 + g) * bits // 8
+            _pack_group(codes, g, bits, out, first, min(bits, total_bytes - first))
+
+
+@jit
+def levels_decode(data, count, scales, bucket, levels, bits, out):
+    """out = (code - s) * (S / s) for the ``count`` codes packed in ``data`` (after the header),
+    bucket by bucket. Replaces unpack_into + _values (or the lookup table of TernGrad)."""
+    s = np.float32(levels)
+    mask = np.uint64((1 << bits) - 1)
+    step = np.float32(0)
+    for g in range((count + 7) // 8):
+        first = g * bits                   # 8 codes of ``bits`` bits: ``bits`` bytes
+        nbytes = min(bits, (count * bits + 7) // 8 - first)
+        low = np.uint64(0)
+        high = np.uint64(0)
+        for q in range(nbytes):
+            byte = np.uint64(data[first + q])
+            if q < 8:
+                low |= byte << np.uint64(8 * q)
+            else:
+                high |= byte << np.uint64(8 * (q - 8))
+        lanes = min(8, count - 8 * g)
+        if bits <= 8 and (8 * g) // bucket == (8 * g + lanes - 1) // bucket:   # one bucket, one word
+            step = scales[(8 * g) // bucket] / s
+            os = out[8 * g:8 * g + lanes]
+            for k in range(lanes):
+                os[k] = (np.float32((low >> np.uint64(k * bits)) & mask) - s) * step
+            continue
+        for k in range(lanes):
+            i = 8 * g + k
+            if i % bucket == 0 or k == 0:
+                step = scales[i // bucket] / s
+            shift = k * bits
+            if shift + bits <= 64:
+                code = (low >> np.uint64(shift)) & mask
+            elif shift >= 64:
+                code = (high >> np.uint64(shift - 64)) & mask
+            else:
+                code = ((low >> np.uint64(shift)) | (high << np.uint64(64 - shift))) & mask
+            out[i] = (np.float32(code) - s) * step
