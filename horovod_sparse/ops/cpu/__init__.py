@@ -79,6 +79,15 @@ def jit(function):
     return numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")(function)
 
 
+def inlined(function):
+    """Like :func:`jit`, for a helper that kernels call: compiled into each caller (numba does
+    not inline a call to another compiled function by itself, and the call costs the caller
+    its vectorised loop: 19 against 13 ms for the sparsifiers' pass over 25M entries)."""
+    if numba is None:
+        return function
+    return numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy", inline="always")(function)
+
+
 def _bit_intrinsics():
     """``cttz(x)``, the index of the lowest set bit of a non-zero uint64, and ``popcount(x)``, how
     many bits are set: one instruction each (LLVM's cttz and ctpop). How a kernel visits, or

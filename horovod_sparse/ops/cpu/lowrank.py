@@ -31,7 +31,7 @@ Example::
 """
 import numpy as np
 
-from horovod_sparse.ops.cpu import jit
+from horovod_sparse.ops.cpu import inlined, jit
 
 
 @jit
@@ -58,7 +58,7 @@ def copy_finite(grad, acc):
     return bad == 0
 
 
-@jit
+@inlined
 def _row_product(p_t, i, q_t, width, row):
     """``row[:width] = sum_j p_t[j, i] * q_t[j, :width]`` in order of j (numpy's :func:`expand`)."""
     pi = p_t[0, i]

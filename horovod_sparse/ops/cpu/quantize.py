@@ -30,7 +30,7 @@ Example::
 """
 import numpy as np
 
-from . import jit
+from horovod_sparse.ops.cpu import inlined, jit
 
 _EXPONENT = 0x7F800000      # float32 exponent bits: all ones for inf and NaN
 _BLOCK = 4096               # values per block of a two-loop kernel (in L1)
@@ -42,7 +42,7 @@ _M2 = 0x846CA68B
 
 
 # ------------------------------------------------------------- memory + overflow check
-@jit
+@inlined
 def _exponent_top(bits, start, stop):
     """max over [start, stop) of the exponent bits (int32 view of float32). (Loops index slices
     from 0: numba then knows the index is not negative, and LLVM vectorises.)"""
@@ -123,7 +123,7 @@ def subtract_into(acc, consumed):
 
 
 # ------------------------------------------------------------------------ tree sums
-@jit
+@inlined
 def _rounds(row, width):
     """:func:`horovod_sparse.quantize.sums.tree_sum_rows` of one row, in place: row[0]."""
     while width > 1:
@@ -134,7 +134,7 @@ def _rounds(row, width):
     return row[0]
 
 
-@jit
+@inlined
 def _plan(width, levels):
     """(widths, offsets, fast): the row widths after each of ``levels`` tree rounds, the
     offset of each of the 2**levels leaves of a final element (bit b of the leaf set adds
@@ -158,7 +158,7 @@ def _plan(width, levels):
     return widths, offsets, max(fast, 0)
 
 
-@jit
+@inlined
 def _combine(leaves, present, count, lanes):
     """Pairwise rounds over the leaves (bit 0 first: the first round's pairs), each pair
     ``lower + upper`` in that order, an absent upper leaf leaving the lower as it is."""
@@ -175,7 +175,7 @@ def _combine(leaves, present, count, lanes):
             present[t] = present[2 * t]
 
 
-@jit
+@inlined
 def _load(xs, leaves, leaf, count, lanes, mode):
     """The rows' leaf ``leaf`` of the values xs[:lanes] (row r in leaves[r * count + leaf]):
     mode 0 |x|; mode 1 numpy's clip(x, 0, None) and clip(x, None, 0) (-0 becomes +0, NaN
@@ -269,7 +269,7 @@ def tree_sums(x, mode, scratch):
 
 
 # ------------------------------------------------------------------------ sign codes
-@jit
+@inlined
 def _signs_of(xs, lanes):
     """Bit b set where xs[b] < 0, for b < lanes (<= 64)."""
     mask = np.uint64(0)
@@ -339,7 +339,7 @@ def max_magnitude(x, scale):
 
 
 # -------------------------------------------------------------- stochastic levels
-@jit
+@inlined
 def _random_int16(i, k1, k2):
     """h_i of :mod:`horovod_sparse.quantize.uniform`: half i % 2 of the word i // 2, as int16
     (uint64 arithmetic masked to 32 bits: the wrapping uint32 of numpy's path)."""
@@ -355,7 +355,7 @@ def _random_int16(i, k1, k2):
     return half - 65536 if half >= 32768 else half
 
 
-@jit
+@inlined
 def _bucket_norm(x, start, stop, block, row):
     """QSGD's norm of the bucket x[start:stop]: sqrt (IEEE, correctly rounded) of the tree sum
     of its squares; a bucket longer than ``block`` (then the only bucket) sums its blocks'
@@ -370,7 +370,7 @@ def _bucket_norm(x, start, stop, block, row):
     return np.sqrt(total)
 
 
-@jit
+@inlined
 def _pack_group(codes, at, bits, out, first, nbytes):
     """Bytes [first, first + nbytes) of the stream of the 8 codes codes[at:at + 8]."""
     if bits <= 8:                       # one word: the common case, unrolled

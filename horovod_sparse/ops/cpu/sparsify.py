@@ -25,7 +25,7 @@ Example::
 """
 import numpy as np
 
-from horovod_sparse.ops.cpu import cttz, jit, popcount
+from horovod_sparse.ops.cpu import cttz, inlined, jit, popcount
 
 #: the key of +inf: keys at or above it are inf or NaN (an overflow)
 INF_KEY = 0x7F800000
@@ -34,7 +34,7 @@ NO_FLOOR = 0x7FFFFFFF
 _BLOCK = 64
 
 
-@jit
+@inlined
 def _collect(bits, lo, size, floor, base, cand_index, cand_key, count):
     """Append (base + i, key) of the entries lo <= i < lo + size (size <= 64) with key >= floor;
     returns (count, how many keys are inf or NaN)."""

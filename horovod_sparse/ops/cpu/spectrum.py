@@ -19,10 +19,10 @@ Example::
 """
 import numpy as np
 
-from horovod_sparse.ops.cpu import jit
+from horovod_sparse.ops.cpu import inlined, jit
 
 
-@jit
+@inlined
 def _chunk_energies(spectrum, energies, first, count, even):
     """Energies of ``count`` coefficients from coefficient ``first`` (one chunk): DC halved,
     and the last one (Nyquist) when ``even``; non-negative (``abs``: the key's cleared sign)."""
