@@ -11,6 +11,8 @@ the sum back into the gradient tensor (:class:`NonFiniteSum`: NaN, where a gradi
 """
 import torch
 
+from horovod_sparse.ops import cpu
+from horovod_sparse.ops.cpu.cast import scatter_dense
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.ops.torch_ops import TorchOps
 
@@ -109,8 +111,13 @@ class StepSum:
             indices, part = self.parts[key]
             if scale not in self._scaled:
                 self._scaled[scale] = self.values * scale
-            flat_out.zero_()
-            flat_out.index_copy_(0, indices.to(out.device), self._scaled[scale][part].to(out.device, out.dtype))
+            values = self._scaled[scale][part]
+            if cpu.enabled() and out.dtype == values.dtype == torch.float32 and out.device.type == "cpu" \
+                    and values.device.type == "cpu":  # zeros and sums in one sequential pass
+                scatter_dense(flat_out.numpy(), indices.numpy(), values.numpy())
+            else:
+                flat_out.zero_()
+                flat_out.index_copy_(0, indices.to(out.device), values.to(out.device, out.dtype))
         else:
             part = self.parts[key]
             if scale == 1.0:
