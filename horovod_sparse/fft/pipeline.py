@@ -83,7 +83,8 @@ import numpy as np
 
 from horovod_sparse.checks import check_int
 from horovod_sparse.exchange import SparseAllreduce, mask_in_sorted
-from horovod_sparse.lowrank.accumulate import accumulate, as_piece, is_pieces
+from horovod_sparse.lowrank.accumulate import accumulate
+from horovod_sparse.ops.pieces import as_piece, is_pieces
 from horovod_sparse.memory import ErrorFeedback
 from horovod_sparse.ops import host, namespace, views
 from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, saved_array
@@ -333,7 +334,7 @@ class _Workspace:
 
 def _float32(grad, n):
     """``grad`` as a contiguous 1-D float32 buffer of length n (numpy, torch or TensorFlow); or,
-    for a list of pieces, the checked pieces (:func:`~horovod_sparse.lowrank.accumulate.as_piece`,
+    for a list of pieces, the checked pieces (:func:`~horovod_sparse.ops.pieces.as_piece`,
     n elements in all; TensorFlow's fused into one float32 tensor, no pieces: an empty
     buffer); else ValueError."""
     if is_pieces(grad):

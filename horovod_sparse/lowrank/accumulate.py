@@ -4,7 +4,7 @@ finite, from one buffer or from its pieces read where they are.
 Both pipelines take ``pieces`` (:attr:`~horovod_sparse.pipeline.Pipeline.takes_pieces`): a
 list of 1-D float arrays that are the buffer back to back (a step's gradients, flattened),
 so the frontends skip the fused copy. Each pipeline first checks the pieces
-(:func:`as_piece`) and the total length, and fuses TensorFlow pieces itself (its kernels
+(:func:`~horovod_sparse.ops.pieces.as_piece`) and the total length, and fuses TensorFlow pieces itself (its kernels
 make new tensors anyway); :func:`accumulate` then writes acc:
 
 * with the compiled kernels (:func:`horovod_sparse.ops.cpu.enabled`, every piece float32 on
@@ -32,23 +32,7 @@ import numpy as np
 from horovod_sparse.ops import cpu, namespace, views
 from horovod_sparse.ops.cpu import lowrank as kernels
 from horovod_sparse.ops.finite import all_finite
-
-
-def is_pieces(grad):
-    """Whether ``grad`` is a list of pieces rather than one buffer."""
-    return isinstance(grad, (list, tuple))
-
-
-def as_piece(piece):
-    """``piece`` as a contiguous 1-D float array of its own library and dtype (itself where it is
-    one, detached), or None when it is not 1-D float data."""
-    if namespace.is_tensorflow(piece):
-        return piece if piece.shape.rank == 1 and piece.dtype.is_floating else None
-    if namespace.is_torch(piece):
-        p = piece.detach()
-        return p.contiguous() if p.dim() == 1 and p.is_floating_point() else None
-    p = np.asarray(piece)
-    return np.ascontiguousarray(p) if p.ndim == 1 and p.dtype.kind == "f" else None
+from horovod_sparse.ops.pieces import is_pieces
 
 
 def accumulate(memory, grad, numpy_on_cpu=True):
@@ -56,7 +40,7 @@ def accumulate(memory, grad, numpy_on_cpu=True):
 
     memory : the pipeline's :class:`~horovod_sparse.memory.ErrorFeedback` (only read).
     grad : one float32 1-D buffer of n elements (numpy, torch or TensorFlow), or a non-empty
-        list of checked pieces (:func:`as_piece`; numpy or torch, n elements in all).
+        list of checked pieces (:func:`~horovod_sparse.ops.pieces.as_piece`; numpy or torch, n elements in all).
     numpy_on_cpu : the pipeline's choice (False: CPU tensors run torch's own kernels).
     """
     whole = not is_pieces(grad)

@@ -80,9 +80,10 @@ from horovod_sparse.exchange.validation import agree_call, identity_code
 from horovod_sparse.memory import ErrorFeedback
 from horovod_sparse.ops import cpu, host, namespace, views
 from horovod_sparse.ops.cpu import lowrank as cpu_lowrank
+from horovod_sparse.ops.pieces import as_piece, is_pieces
 from horovod_sparse.pipeline import Pipeline, saved_array
 
-from .accumulate import accumulate, as_piece, is_pieces
+from .accumulate import accumulate
 from .factors import BlockView, back_project, expand_block, library, project, scratch_elements, transposed
 from .orthogonal import orthonormalize
 from .plan import make_plan

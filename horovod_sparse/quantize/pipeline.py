@@ -40,6 +40,7 @@ from horovod_sparse.memory import ErrorFeedback, Momentum
 from horovod_sparse.ops import cpu, namespace, views
 from horovod_sparse.ops.cpu import quantize as cpu_quantize
 from horovod_sparse.ops.finite import all_finite
+from horovod_sparse.ops.pieces import as_piece
 from horovod_sparse.pipeline import Pipeline, saved_array, with_prefix, without_prefix
 
 
@@ -177,7 +178,7 @@ class QuantizedPipeline(Pipeline):
         without memory, read as the buffer), or None when a piece is bad or the total length
         is not n."""
         try:
-            pieces = [_as_piece(piece) for piece in grad]
+            pieces = [as_piece(piece) for piece in grad]
             if any(piece is None for piece in pieces) or sum(int(p.shape[0]) for p in pieces) != self.n:
                 return None
             if not pieces:
@@ -274,18 +275,6 @@ class QuantizedPipeline(Pipeline):
                 f"error_feedback={self.error_feedback}, momentum={self.momentum}, step={self.step_count})")
 
 
-def _as_piece(piece):
-    """``piece`` as a contiguous 1-D float array of its own library and dtype (itself where it is
-    one, detached), or None when it is not 1-D float data."""
-    if namespace.is_tensorflow(piece):
-        return piece if piece.shape.rank == 1 and piece.dtype.is_floating else None
-    if namespace.is_torch(piece):
-        p = piece.detach()
-        return p.contiguous() if p.dim() == 1 and p.is_floating_point() else None
-    p = np.asarray(piece)
-    return np.ascontiguousarray(p) if p.ndim == 1 and p.dtype.kind == "f" else None
-
-
 def _bad_stand_in(grad, n):
     """What the exchange is handed for a bad ``grad`` so that its agreement reports it: a bad
     buffer as it is; for pieces, a float32 stand-in of their total length (no memory: a
@@ -293,7 +282,7 @@ def _bad_stand_in(grad, n):
     if not isinstance(grad, (list, tuple)):
         return grad
     try:
-        pieces = [_as_piece(piece) for piece in grad]
+        pieces = [as_piece(piece) for piece in grad]
         total = sum(int(p.shape[0]) for p in pieces if p is not None)
         if all(piece is not None for piece in pieces) and total != n:
             return np.broadcast_to(np.float32(0), (total,))

@@ -23,6 +23,7 @@ from horovod_sparse.memory import ErrorFeedback, MomentumCorrection
 from horovod_sparse.ops import host, kernels, namespace
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.ops.indices import compact, isin_sorted, take
+from horovod_sparse.ops.pieces import as_piece, is_pieces
 from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, with_prefix, without_prefix
 from horovod_sparse.sparsify.first_pass import CandidateScratch, first_pass, fusable, rescan
 from horovod_sparse.sparsify.selection import MagnitudeKeys
@@ -199,7 +200,7 @@ class Sparsifier(Pipeline):
 
     def _first_pass(self, grad):
         """Step 1: ``(acc, finite, candidates)`` (:func:`~horovod_sparse.sparsify.first_pass.first_pass`)."""
-        pieces = [_as_1d_float(piece, self.n) for piece in (grad if _is_pieces(grad) else [grad])]
+        pieces = [_as_1d_float(piece, self.n) for piece in (grad if is_pieces(grad) else [grad])]
         if sum(int(piece.shape[0]) for piece in pieces) != self.n or not fusable(self.memory, pieces):
             acc = self._accumulate(grad)  # (raises the ValueError of a wrong length)
             return acc, all_finite(acc), None
@@ -211,13 +212,13 @@ class Sparsifier(Pipeline):
     def _accumulate(self, grad):
         """Step 1 on a buffer or on its pieces; ValueError (state untouched) unless grad is
         1-D float data of n elements in all."""
-        pieces = [_as_1d_float(piece, self.n) for piece in (grad if _is_pieces(grad) else [grad])]
+        pieces = [_as_1d_float(piece, self.n) for piece in (grad if is_pieces(grad) else [grad])]
         total = sum(int(piece.shape[0]) for piece in pieces)
         if total != self.n:
-            got = (f"pieces of {total} elements in all" if _is_pieces(grad)
+            got = (f"pieces of {total} elements in all" if is_pieces(grad)
                    else f"shape {tuple(pieces[0].shape)} dtype {pieces[0].dtype}")
             raise ValueError(f"grad must be a 1-D float array of length n={self.n}, got {got}")
-        if not _is_pieces(grad) or not pieces:
+        if not is_pieces(grad) or not pieces:
             flat = pieces[0] if pieces else np.empty(0, np.float32)
             if namespace.is_tensorflow(flat):
                 return self.memory.accumulate(flat)
@@ -262,21 +263,11 @@ class Sparsifier(Pipeline):
                 f"exchange={self.exchange!r}, step={self.step_count})")
 
 
-def _is_pieces(grad):
-    return isinstance(grad, (list, tuple))
-
-
 def _as_1d_float(array, n):
     """A contiguous, detached 1-D float array (numpy, torch or TensorFlow), or ValueError."""
-    if namespace.is_tensorflow(array):
-        if array.shape.rank == 1 and array.dtype.is_floating:
-            return array
-    elif namespace.is_torch(array):
-        if array.dim() == 1 and array.is_floating_point():
-            return array.detach().contiguous()
-    else:
-        array = np.asarray(array)
-        if array.ndim == 1 and array.dtype.kind == "f":
-            return np.ascontiguousarray(array)
-    raise ValueError(f"grad must be a 1-D float array of length n={n}, "
-                     f"got shape {tuple(array.shape)} dtype {array.dtype}")
+    piece = as_piece(array)
+    if piece is None:
+        array = array if hasattr(array, "dtype") else np.asarray(array)
+        raise ValueError(f"grad must be a 1-D float array of length n={n}, "
+                         f"got shape {tuple(array.shape)} dtype {array.dtype}")
+    return piece

@@ -15,12 +15,14 @@ import torch
 from mpi4py import MPI
 
 import horovod_sparse
+import kernel_inputs
 from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.ops import cpu
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.quantize.codecs import (OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec, TernGradCodec,
                                             _StochasticLevels)
 from horovod_sparse.quantize.scratch import Scratch
+from kernel_inputs import unaligned
 from horovod_sparse.quantize.sums import tree_sum_rows
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="numba is not installed")
@@ -46,24 +48,9 @@ def same(a, b):
 
 
 def adversarial(n, rng, kind):
-    """float32 vectors that stress the codes: level ties, zeros of both signs, denormals, overflows."""
-    x = (rng.standard_normal(n) * 3).astype(np.float32)
-    if kind == "ties":      # |x| equal: the scale's multiples, levels exactly on a boundary
-        x = rng.choice(np.array([-1.0, 1.0, 0.5, -0.5, 0.25, -0.0, 0.0], np.float32), n)
-    elif kind == "zeros":
-        x = np.where(rng.random(n) < 0.5, np.float32(-0.0), np.float32(0.0)).astype(np.float32)
-    elif kind == "denormals":
-        x = (rng.standard_normal(n) * 1e-41).astype(np.float32)
-    elif kind == "nonfinite" and n:
-        x[rng.integers(0, n, max(1, n // 50))] = rng.choice(np.array([np.inf, -np.inf, np.nan], np.float32))
-    return x
-
-
-def unaligned(x):
-    """The same values in a buffer that starts 4 bytes past an allocation (a slice from element 1)."""
-    base = np.empty(x.size + 1, np.float32)
-    base[1:] = x
-    return base[1:]
+    """float32 vectors that stress the codes: level ties (the scale's multiples), zeros of both
+    signs, denormals, overflows."""
+    return kernel_inputs.adversarial(n, rng, kind, ties=(-1.0, 1.0, 0.5, -0.5, 0.25, -0.0, 0.0), scale=3.0)
 
 
 def both(function):

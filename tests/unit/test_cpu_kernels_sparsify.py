@@ -15,6 +15,7 @@ import horovod_sparse
 from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.ops import cpu
 from horovod_sparse.ops.magnitude import magnitude_keys
+from kernel_inputs import adversarial, unaligned
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="numba is not installed")
 fused = pytest.importorskip("horovod_sparse.ops.cpu.sparsify")
@@ -24,27 +25,6 @@ LENGTHS = [0, 1, 7, 63, 64, 65, 129, 1000, 100003]
 
 def bits(x):
     return np.asarray(x, np.float32).view(np.int32)
-
-
-def adversarial(n, rng, kind):
-    """float32 vectors that stress the keys: ties, zeros of both signs, denormals, overflows."""
-    x = rng.standard_normal(n).astype(np.float32)
-    if kind == "ties":
-        x = rng.choice(np.array([-1.5, 1.5, 0.5, -0.0, 0.0], np.float32), n)
-    elif kind == "zeros":
-        x = np.where(rng.random(n) < 0.5, np.float32(-0.0), np.float32(0.0)).astype(np.float32)
-    elif kind == "denormals":
-        x = (rng.standard_normal(n) * 1e-41).astype(np.float32)
-    elif kind == "nonfinite" and n:
-        x[rng.integers(0, n, max(1, n // 50))] = rng.choice(np.array([np.inf, -np.inf, np.nan], np.float32))
-    return x
-
-
-def unaligned(x):
-    """The same values in a buffer that starts 4 bytes past an allocation (not vector-aligned)."""
-    base = np.empty(x.size + 1, np.float32)
-    base[1:] = x
-    return base[1:]
 
 
 def numpy_candidates(acc, floor):
