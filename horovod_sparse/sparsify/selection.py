@@ -43,11 +43,14 @@ from statistics import NormalDist
 
 import numpy as np
 
+from horovod_sparse.ops import cpu
+from horovod_sparse.ops.cpu import sparsify as fused
 from horovod_sparse.ops.host import to_host
 from horovod_sparse.ops.indices import compact, count_nonzero, take
 from horovod_sparse.ops.kernels import copy, mark_at_least, set_true_at
 from horovod_sparse.ops.magnitude import key_of, kth_largest, kth_largests, magnitude_keys, magnitude_of, smallest
 from horovod_sparse.ops.namespace import arange, empty, is_tensorflow, is_torch
+from horovod_sparse.ops.views import as_like, numpy_view
 
 #: value dtype of every sparsifier buffer
 VALUE_DTYPE = np.dtype(np.float32)
@@ -139,8 +142,9 @@ class MagnitudeKeys:
         self.mask, count = mark_at_least(self.keys, key, self.mask)
         return count
 
-    def at_least(self, key):
-        """Sorted int64 indices whose key is >= ``key``."""
+    def at_least(self, key, keep=True):
+        """Sorted int64 indices whose key is >= ``key`` (``keep=False``: a caller that keeps none
+        of them past this step may get a view of the candidates' scratch buffer)."""
         if not self._covers(key) and self._rescan is not None and self._keys is None:
             c = self.candidates
             self.candidates, self._answered = self._rescan(key, c.count if key == c.floor else 0), None
@@ -148,8 +152,8 @@ class MagnitudeKeys:
                 self.candidates = self._rescan(key, self.candidates.count)
         if self._covers(key):
             c = self.candidates
-            if key == c.floor:  # all of them: the indices copied out of the scratch (the caller may keep them)
-                self._answered = (copy(c.indices), c.keys)
+            if key == c.floor:  # all of them: copied out of the scratch, unless the caller will not keep them
+                self._answered = (copy(c.indices) if keep else c.indices, c.keys)
             else:
                 taken = compact(c.keys >= key)
                 self._answered = (take(c.indices, taken), take(c.keys, taken))
@@ -237,11 +241,7 @@ def top_k(keys, k, floor=None):
         kth = kth_largest(candidate_keys, k)
     else:  # one partition finds the k-th key and the next floor's
         kth, target_key = kth_largests(candidate_keys, [k, target])
-    taken = candidate_keys > kth
-    missing = k - count_nonzero(taken)
-    if missing > 0:
-        taken = set_true_at(taken, compact(candidate_keys == kth)[:missing])
-    indices = take(candidates, compact(taken))
+    indices = _top_of_candidates(candidates, candidate_keys, kth, k)
     if keep_floor:                                                              # step 4
         next_floor = floor
     elif count >= target:
@@ -252,8 +252,26 @@ def top_k(keys, k, floor=None):
 
 
 def _candidates(keys, floor, k):
-    """The indices of the keys >= ``floor`` if there are k to CANDIDATE_LIMIT * k of them, else None."""
-    return keys.at_least(floor) if k <= keys.count_at_least(floor) <= CANDIDATE_LIMIT * k else None
+    """The indices of the keys >= ``floor`` if there are k to CANDIDATE_LIMIT * k of them, else None
+    (possibly a view of scratch buffers: :func:`top_k` keeps only what it takes from them)."""
+    if k <= keys.count_at_least(floor) <= CANDIDATE_LIMIT * k:
+        return keys.at_least(floor, keep=False)
+    return None
+
+
+def _top_of_candidates(candidates, candidate_keys, kth, k):
+    """Step 3 of :func:`top_k`: the candidates above ``kth`` and the lowest-indexed ties at it,
+    ``k`` in all (one compiled pass on the CPU, :func:`~horovod_sparse.ops.cpu.sparsify.take_top`)."""
+    index_view, key_view = numpy_view(candidates), numpy_view(candidate_keys)
+    if cpu.enabled() and index_view is not None and key_view is not None:
+        out = np.empty(k, np.int64)
+        written = fused.take_top(index_view, key_view, np.int32(kth), k, out)
+        return as_like(out[:written], candidates)
+    taken = candidate_keys > kth
+    missing = k - count_nonzero(taken)
+    if missing > 0:
+        taken = set_true_at(taken, compact(candidate_keys == kth)[:missing])
+    return take(candidates, compact(taken))
 
 
 def _sampled_floor(keys, k):

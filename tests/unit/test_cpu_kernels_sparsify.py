@@ -170,3 +170,19 @@ def test_an_overflow_changes_nothing_with_kernels_on(spec):
         after = sparsifier.state_dict()
     for key in before:
         assert np.array_equal(np.asarray(before[key]), np.asarray(after[key])), key
+
+
+@pytest.mark.parametrize("size,k", [(1, 1), (7, 3), (500, 100), (500, 500), (5000, 1234)])
+@pytest.mark.parametrize("distinct", [3, 50, 10**6])
+def test_take_top_equals_numpys_compare_and_compaction(size, k, distinct):
+    """The top-k among candidates: everything above the k-th key, then the lowest-indexed ties."""
+    from horovod_sparse.ops.magnitude import kth_largest
+    from horovod_sparse.sparsify.selection import _top_of_candidates
+    rng = np.random.default_rng(size + k + distinct)
+    keys = rng.integers(0, distinct, size).astype(np.int32)  # few distinct keys: many ties at the k-th
+    index = np.sort(rng.choice(10 * size, size, replace=False)).astype(np.int64)
+    kth = kth_largest(keys, k)
+    got = _top_of_candidates(index, keys, kth, k)
+    with cpu.numpy_only():
+        want = _top_of_candidates(index, keys, kth, k)
+    assert got.size == k and np.array_equal(got, want)

@@ -116,3 +116,23 @@ def scan(acc, floor, cand_index, cand_key, count, base):
         bad += b
     count, b = _collect(bits, full, n - full, floor, base, cand_index, cand_key, count)
     return count, bad + b
+
+
+@jit
+def take_top(cand_index, cand_key, kth, k, out):
+    """The exact top-k among candidates in index order whose k-th largest key is ``kth``:
+    every candidate above it, then the lowest-indexed ones at it, ``k`` in all, into
+    ``out[:k]``; returns how many were written. What numpy's comparison, count, compaction of
+    the ties and gather do in four passes (:func:`~horovod_sparse.sparsify.selection.top_k`)."""
+    above = 0
+    for j in range(cand_key.shape[0]):
+        above += cand_key[j] > kth
+    ties = k - above
+    written = 0
+    for j in range(cand_key.shape[0]):
+        key = cand_key[j]
+        if key > kth or (key == kth and ties > 0):
+            ties -= key == kth
+            out[written] = cand_index[j]
+            written += 1
+    return written
