@@ -61,7 +61,7 @@ import numpy as np
 
 from horovod_sparse.memory import ErrorFeedback
 from horovod_sparse.ops import cpu, host, kernels, namespace, views
-from horovod_sparse.ops.cpu import quantize as cpu_quantize
+from horovod_sparse.ops.cpu import memory as memory_kernels
 from horovod_sparse.pipeline import check_identity, saved_array
 
 from .comm import CountedExchange, CountingComm, Traffic
@@ -289,7 +289,7 @@ class CompressedAllreduce(CountedExchange):
 
     def _server_fused(self, total):
         """The server's acc = total + residual by the compiled kernel into the residual's spare
-        (:mod:`horovod_sparse.ops.cpu.quantize`), where it applies (server error feedback on, the
+        (:mod:`horovod_sparse.ops.cpu.memory`), where it applies (server error feedback on, the
         kernels on, a CPU buffer, a codec with ``fused_cpu``); the encode then writes the next
         residual into that spare in its pass and the commit is a swap. None elsewhere."""
         view = views.numpy_view(total)
@@ -297,7 +297,7 @@ class CompressedAllreduce(CountedExchange):
                 and cpu.enabled()):
             return None
         state, spare = self._server.buffers("residual", total)
-        cpu_quantize.accumulate_residual(view, views.numpy_view(state), views.numpy_view(spare))
+        memory_kernels.accumulate_finite(view, views.numpy_view(state), views.numpy_view(spare))
         return spare
 
     def _alltoall_tensorflow(self, x, seed, want_own):

@@ -10,8 +10,8 @@ make new tensors anyway); :func:`accumulate` then writes acc:
 * with the compiled kernels (:func:`horovod_sparse.ops.cpu.enabled`, every piece float32 on
   the CPU, numpy's kernels on CPU tensors): one kernel call per piece into the piece's slice
   of the residual's spare, the overflow check on the way
-  (:func:`~horovod_sparse.ops.cpu.lowrank.accumulate_finite`; without error feedback
-  :func:`~horovod_sparse.ops.cpu.lowrank.copy_finite`, the pieces fused into the spare);
+  (:func:`~horovod_sparse.ops.cpu.memory.accumulate_finite`; without error feedback
+  :func:`~horovod_sparse.ops.cpu.memory.copy_finite`, the pieces fused into the spare);
 * otherwise the memory's own pass (:meth:`~horovod_sparse.memory.Memory.accumulate_pieces`,
   numpy or torch, float16/bfloat16 promoted exactly and float64 rounded to float32 first),
   then :func:`~horovod_sparse.ops.finite.all_finite`.
@@ -30,7 +30,7 @@ import sys
 import numpy as np
 
 from horovod_sparse.ops import cpu, namespace, views
-from horovod_sparse.ops.cpu import lowrank as kernels
+from horovod_sparse.ops.cpu import memory as kernels
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.ops.pieces import is_pieces
 

@@ -38,7 +38,7 @@ from horovod_sparse.exchange.seeds import derive_seed
 from horovod_sparse.exchange.comm import Traffic
 from horovod_sparse.memory import ErrorFeedback, Momentum
 from horovod_sparse.ops import cpu, namespace, views
-from horovod_sparse.ops.cpu import quantize as cpu_quantize
+from horovod_sparse.ops.cpu import memory as memory_kernels
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.ops.pieces import as_piece
 from horovod_sparse.pipeline import Pipeline, saved_array, with_prefix, without_prefix
@@ -216,7 +216,7 @@ class QuantizedPipeline(Pipeline):
                       else "residual" if self.error_feedback else None)
         first = g[0] if isinstance(g, list) else g
         if state_name is None and not isinstance(g, list):
-            acc, ok = g, cpu_quantize.all_finite(found[0])
+            acc, ok = g, all_finite(found[0])
         else:
             state, acc = self.memory.buffers(state_name or "residual", first)
             state, out = views.numpy_view(state), views.numpy_view(acc)
@@ -224,11 +224,11 @@ class QuantizedPipeline(Pipeline):
             for view in found:
                 part = slice(offset, offset + view.shape[0])
                 if self.momentum is not None:
-                    ok = cpu_quantize.accumulate_momentum(view, state[part], momentum, out[part]) and ok
+                    ok = memory_kernels.momentum_finite(view, state[part], momentum, out[part]) and ok
                 elif self.error_feedback:
-                    ok = cpu_quantize.accumulate_residual(view, state[part], out[part]) and ok
+                    ok = memory_kernels.accumulate_finite(view, state[part], out[part]) and ok
                 else:
-                    ok = cpu_quantize.copy_finite(view, out[part]) and ok
+                    ok = memory_kernels.copy_finite(view, out[part]) and ok
                 offset = part.stop
         result = self.exchange.allreduce(acc, seed=derive_seed(self.seed, self.step_count), tag=tag,
                                          want_own=self.error_feedback, finite=finite and ok,

@@ -20,7 +20,8 @@ from horovod_sparse.ops.finite import all_finite
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="numba is not installed")
 
 if cpu.available():
-    from horovod_sparse.ops.cpu.lowrank import accumulate_finite, copy_finite, expand_residual
+    from horovod_sparse.ops.cpu.lowrank import expand_residual
+    from horovod_sparse.ops.cpu.memory import accumulate_finite, copy_finite
 
 DENORMAL = np.float32(1e-40)
 LENGTHS = [0, 1, 7, 17, 64, 1000, 1001]

@@ -27,6 +27,7 @@ from horovod_sparse.quantize.sums import tree_sum_rows
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="numba is not installed")
 fused = pytest.importorskip("horovod_sparse.ops.cpu.quantize")
+memory_kernels = pytest.importorskip("horovod_sparse.ops.cpu.memory")
 
 LENGTHS = [0, 1, 7, 63, 65, 513, 1000, 100003]
 KINDS = ["normal", "ties", "zeros", "denormals", "nonfinite"]
@@ -64,22 +65,23 @@ def both(function):
 @pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_accumulate_and_overflow_flag_equal_numpy(n, kind):
+    """The memory's first passes (horovod_sparse.ops.cpu.memory) against numpy's two passes."""
     rng = np.random.default_rng(n)
     grad, state = unaligned(adversarial(n, rng, kind)), adversarial(n, rng, kind)
     acc = np.empty(n, np.float32)
     with np.errstate(all="ignore"):
         expected = grad + state
         finite = all_finite(expected)
-    assert fused.accumulate_residual(grad, state, acc) == finite
+    assert memory_kernels.accumulate_finite(grad, state, acc) == finite
     assert same(acc, expected)
     out = np.empty(n, np.float32)
     with np.errstate(all="ignore"):
         expected = state * np.float32(0.9)
         expected += grad
         finite = all_finite(expected)
-    assert fused.accumulate_momentum(grad, state, np.float32(0.9), out) == finite
+    assert memory_kernels.momentum_finite(grad, state, np.float32(0.9), out) == finite
     assert same(out, expected)
-    assert fused.all_finite(grad) == all_finite(grad)
+    assert memory_kernels.copy_finite(grad, out) == all_finite(grad) and same(out, grad)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 255, 1023, 1024, 1025, 4097, 100003, 1000003])
@@ -205,7 +207,7 @@ def test_numpy_only_really_turns_the_kernels_off(monkeypatch):
     def refuse(*args):
         raise AssertionError("a kernel ran under numpy_only")
     monkeypatch.setattr(fused, "sign_encode", refuse)
-    monkeypatch.setattr(fused, "accumulate_residual", refuse)
+    monkeypatch.setattr(memory_kernels, "accumulate_finite", refuse)
     with cpu.numpy_only(), contextlib.ExitStack():
         steps("onebit", 100, "numpy")
 

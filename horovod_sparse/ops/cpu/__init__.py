@@ -9,11 +9,13 @@ cores), without the GIL (the schedules' channel threads run them side by side).
 
 One module per family, beside the numpy code it replaces:
 
+* :mod:`.memory`: error feedback (or Signum's momentum, or a copy) + the overflow check, in
+  one pass: the quantizers', PowerSGD's and the FFT's first pass;
 * :mod:`.sparsify`: error feedback (or DGC's momentum correction) + the overflow check +
-  the candidates at or above a key, in one pass;
-* :mod:`.quantize`: error feedback (or Signum's momentum) + the overflow check; the sign
-  codes' fixed-order sums, and their encode writing the next residual in the same pass;
-* :mod:`.lowrank`: error feedback + the overflow check; PowerSGD's result and residual;
+  the candidates at or above a key, in one pass; the top-k among the candidates;
+* :mod:`.quantize`: the sign codes' fixed-order sums, and their encode writing the next
+  residual in the same pass; QSGD's and TernGrad's levels;
+* :mod:`.lowrank`: PowerSGD's result and residual;
 * :mod:`.spectrum`: the FFT's energy keys from the spectrum;
 * :mod:`.cast`: random-k's error feedback, gather and zeroing; a dense result from sorted
   (index, value) pairs (zeros and values in one sequential pass).

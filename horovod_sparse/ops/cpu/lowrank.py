@@ -1,16 +1,9 @@
-"""PowerSGD's element-wise passes, fused (and error feedback with its overflow check, which
-the FFT pipeline shares).
+"""PowerSGD's element-wise passes, fused (its first pass, error feedback with the overflow
+check, is :mod:`horovod_sparse.ops.cpu.memory`'s).
 
 What they replace (numpy, a pass each, :mod:`horovod_sparse.memory`,
 :mod:`horovod_sparse.ops.finite` and :mod:`horovod_sparse.lowrank.factors`):
 
-* :func:`accumulate_finite`: ``np.add(grad, residual, out=acc)`` then ``all_finite(acc)``:
-  one loop that reads the gradient and the residual and writes the sums, telling whether
-  every sum is finite on the way (an integer OR of ``(v - v) != 0``, vectorised); called
-  once per piece where a step's gradients come as pieces (the slices of the residual and
-  of acc at the piece's offset), so the pieces are read where they are, never fused first;
-* :func:`copy_finite`: the same without error feedback, ``acc[...] = grad`` then
-  ``all_finite(acc)`` (the pieces fused into a reused buffer, checked on the way);
 * :func:`expand_residual`: step 6 of PowerSGD, ``expand_block`` twice (the result
   ``out = P Qsum^T`` and the residual ``acc -= P Qlocal^T``): one loop over the block's
   rows that writes both, each product made row by row in a cache-resident row buffer
@@ -25,37 +18,11 @@ FMA contraction), so the results are numpy's bit for bit.
 
 Example::
 
-    finite = accumulate_finite(grad, residual, acc)     # acc = grad + residual
-    finite = copy_finite(piece, acc[offset:offset + piece.size])   # acc's slice = piece
     expand_residual(out, acc, p_t, q_sum_t, q_local_t, full, cols, tail, True)
 """
 import numpy as np
 
 from horovod_sparse.ops.cpu import inlined, jit
-
-
-@jit
-def accumulate_finite(grad, residual, acc):
-    """``acc = grad + residual`` (float32, 1-D, same length); returns True when every element
-    of acc is finite. Replaces ``np.add(grad, residual, out=acc)`` + ``all_finite(acc)``."""
-    bad = np.uint8(0)
-    for i in range(acc.shape[0]):
-        v = grad[i] + residual[i]
-        acc[i] = v
-        bad |= np.uint8((v - v) != np.float32(0))  # inf - inf and NaN - NaN are NaN
-    return bad == 0
-
-
-@jit
-def copy_finite(grad, acc):
-    """``acc[:] = grad`` (float32, 1-D, same length); returns True when every element is finite.
-    Replaces ``acc[...] = grad`` + ``all_finite(acc)``."""
-    bad = np.uint8(0)
-    for i in range(acc.shape[0]):
-        v = grad[i]
-        acc[i] = v
-        bad |= np.uint8((v - v) != np.float32(0))
-    return bad == 0
 
 
 @inlined

@@ -1,13 +1,11 @@
-"""The quantizers' hot passes, compiled: memory + overflow check, scale, encode, pack, decode.
+"""The quantizers' hot passes, compiled: scale, encode, pack, decode (their first pass, the
+memory with the overflow check, is :mod:`horovod_sparse.ops.cpu.memory`'s).
 
 Each kernel replaces several numpy passes of :mod:`horovod_sparse.quantize` (named in its
 docstring) by one loop that does the float32 work of an element while it is in registers,
 with the same IEEE operations in the same order, so the bytes and floats are the numpy
 path's, bit for bit (no fast-math: LLVM neither reassociates nor fuses a multiply-add):
 
-* :func:`accumulate_residual`, :func:`accumulate_momentum`: the memory's acc (error
-  feedback's grad + residual, Signum's momentum * u + grad) and the overflow check of
-  :func:`horovod_sparse.ops.finite.all_finite`, in one pass (:func:`copy_finite` without memory);
 * :func:`tree_sums`: the fixed-order tree sums of :mod:`horovod_sparse.quantize.sums` of
   |x|, or of x's positive and negative sides, in one read of x (the first rounds of the
   tree pair elements half a row apart: 16 streams read side by side, see the docstring);
@@ -26,92 +24,18 @@ Example::
     from horovod_sparse.ops import cpu
     from horovod_sparse.ops.cpu import quantize as fused
     if cpu.enabled():
-        finite = fused.accumulate_residual(grad, residual, acc)   # acc = grad + residual
+        fused.sign_encode(acc, code, values, decoded, residual)
 """
 import numpy as np
 
 from horovod_sparse.ops.cpu import inlined, jit
 
-_EXPONENT = 0x7F800000      # float32 exponent bits: all ones for inf and NaN
 _BLOCK = 4096               # values per block of a two-loop kernel (in L1)
 _STREAM_LEVELS = 2          # tree rounds done in L1: 2**2 streams of x read side by side (measured best)
 _LANES = 256                # values per stream and block of tree_sums
 _MASK32 = 0xFFFFFFFF
 _M1 = 0x7FEB352D
 _M2 = 0x846CA68B
-
-
-# ------------------------------------------------------------- memory + overflow check
-@inlined
-def _exponent_top(bits, start, stop):
-    """max over [start, stop) of the exponent bits (int32 view of float32). (Loops index slices
-    from 0: numba then knows the index is not negative, and LLVM vectorises.)"""
-    top = 0
-    part = bits[start:stop]
-    for i in range(stop - start):
-        e = part[i] & _EXPONENT
-        top = e if e > top else top
-    return top
-
-
-@jit
-def accumulate_residual(grad, residual, acc):
-    """acc = grad + residual (float32); returns whether every acc is finite.
-
-    Replaces :meth:`horovod_sparse.memory.ErrorFeedback.accumulate` (numpy add) and
-    :func:`horovod_sparse.ops.finite.all_finite` (a second read): block by block, the add,
-    then the exponent bits of the block (still in L1) for inf or NaN."""
-    n = acc.shape[0]
-    bits = acc.view(np.int32)
-    top = 0
-    for start in range(0, n, _BLOCK):
-        stop = min(start + _BLOCK, n)
-        a, g, r = acc[start:stop], grad[start:stop], residual[start:stop]
-        for i in range(stop - start):
-            a[i] = g[i] + r[i]
-        top = max(top, _exponent_top(bits, start, stop))
-    return top != _EXPONENT
-
-
-@jit
-def accumulate_momentum(grad, momentum_buffer, momentum, out):
-    """out = momentum * u + grad in float32 (the product rounded, then the sum); returns
-    whether every out is finite. Replaces :func:`horovod_sparse.memory._momentum_step`
-    (numpy multiply, then add) and the overflow check. ``momentum`` is a float32."""
-    n = out.shape[0]
-    bits = out.view(np.int32)
-    top = 0
-    for start in range(0, n, _BLOCK):
-        stop = min(start + _BLOCK, n)
-        o, u, g = out[start:stop], momentum_buffer[start:stop], grad[start:stop]
-        for i in range(stop - start):
-            product = u[i] * momentum
-            o[i] = product + g[i]
-        top = max(top, _exponent_top(bits, start, stop))
-    return top != _EXPONENT
-
-
-@jit
-def copy_finite(grad, out):
-    """out = grad (float32); returns whether every element is finite: the pieces of a buffer
-    without memory fused into a reused buffer, and the overflow check, in one pass."""
-    n = out.shape[0]
-    bits = out.view(np.int32)
-    top = 0
-    for start in range(0, n, _BLOCK):
-        stop = min(start + _BLOCK, n)
-        o, g = out[start:stop], grad[start:stop]
-        for i in range(stop - start):
-            o[i] = g[i]
-        top = max(top, _exponent_top(bits, start, stop))
-    return top != _EXPONENT
-
-
-@jit
-def all_finite(x):
-    """Whether every element of the float32 ``x`` is finite (the exponent bits, exact):
-    :func:`horovod_sparse.ops.finite.all_finite` without its second pass on overflow."""
-    return _exponent_top(x.view(np.int32), 0, x.shape[0]) != _EXPONENT
 
 
 @jit
