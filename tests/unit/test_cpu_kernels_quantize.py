@@ -54,6 +54,18 @@ def adversarial(n, rng, kind):
     return kernel_inputs.adversarial(n, rng, kind, ties=(-1.0, 1.0, 0.5, -0.5, 0.25, -0.0, 0.0), scale=3.0)
 
 
+def assert_same_records(reference, run):
+    """Two runs' step records (outputs, states, refusals) equal, bit for bit."""
+    assert len(run) == len(reference)
+    for a, b in zip(reference, run):
+        if isinstance(a, dict):
+            assert a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        elif isinstance(a, np.ndarray):
+            assert same(a, b)
+        else:
+            assert a == b
+
+
 def both(function):
     """(numpy path's result, kernels' result) of ``function()``."""
     with cpu.numpy_only():
@@ -174,14 +186,7 @@ def steps(spec, n, library, overflow_at=2):
 @pytest.mark.parametrize("n", [1, 65, 1003])
 def test_pipeline_steps_equal_numpy(spec, library, n):
     reference, compiled = both(lambda: steps(spec, n, library))
-    assert len(reference) == len(compiled)
-    for a, b in zip(reference, compiled):
-        if isinstance(a, dict):
-            assert a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-        elif isinstance(a, np.ndarray):
-            assert same(a, b)
-        else:
-            assert a == b
+    assert_same_records(reference, compiled)
     assert any(isinstance(record, str) for record in reference)  # the overflowed step was refused
 
 
@@ -290,14 +295,7 @@ def test_pieces_equal_fused_buffer(spec, layout):
     reference = runs[-1]
     assert sum(isinstance(r, str) for r in reference) == 1 and isinstance(reference[-3], np.ndarray)
     for run in runs[:-1]:
-        assert len(run) == len(reference)
-        for a, b in zip(reference, run):
-            if isinstance(a, dict):
-                assert a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-            elif isinstance(a, np.ndarray):
-                assert same(a, b)
-            else:
-                assert a == b
+        assert_same_records(reference, run)
 
 
 @pytest.mark.parametrize("spec", ["qsgd", "signum", "onebit"])

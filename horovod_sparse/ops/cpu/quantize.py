@@ -119,6 +119,19 @@ def _load(xs, leaves, leaf, count, lanes, mode):
     return negatives
 
 
+@inlined
+def _leaf_index(j, leaf, levels, widths):
+    """``(index, present)``: where leaf ``leaf`` of the first ``levels`` tree rounds reads x for
+    output position ``j``, and whether that element exists (its path may run past a row's end)."""
+    index = j
+    for level in range(levels, 0, -1):
+        if (leaf >> (level - 1)) & 1:
+            if index >= widths[level - 1] // 2:
+                return index, False
+            index += widths[level]
+    return index, True
+
+
 @jit
 def _tree_sums(x, mode, rows, rest):
     """The kernel of :func:`tree_sums`; ``rest`` is float32 (rows, widths[levels]) scratch."""
@@ -145,25 +158,12 @@ def _tree_sums(x, mode, rows, rest):
                 target[b] = first[b]
     for j in range(fast, final):                # the few whose paths meet a waiting middle
         for leaf in range(count):
-            index, ok = j, True
-            for level in range(levels, 0, -1):
-                if (leaf >> (level - 1)) & 1:
-                    if index >= widths[level - 1] // 2:
-                        ok = False
-                        break
-                    index += widths[level]
+            index, ok = _leaf_index(j, leaf, levels, widths)
             if ok:
                 negatives += _load(x[index:index + 1], leaves, leaf, count, 1, mode)
         for row in range(rows):
             for leaf in range(count):           # presence again (the combine overwrites it)
-                index, ok = j, True
-                for level in range(levels, 0, -1):
-                    if (leaf >> (level - 1)) & 1:
-                        if index >= widths[level - 1] // 2:
-                            ok = False
-                            break
-                        index += widths[level]
-                present[leaf] = ok
+                present[leaf] = _leaf_index(j, leaf, levels, widths)[1]
             _combine(leaves[row * count:(row + 1) * count], present, count, 1)
             rest[row, j] = leaves[row * count, 0]
     sums = np.empty(rows, np.float32)
