@@ -25,14 +25,10 @@ Example::
     acc, finite = accumulate(memory, pieces, numpy_on_cpu=True)
     if not finite(): ...
 """
-import sys
-
-import numpy as np
-
-from horovod_sparse.ops import cpu, namespace, views
+from horovod_sparse.ops import cpu, views
 from horovod_sparse.ops.cpu import memory as kernels
 from horovod_sparse.ops.finite import all_finite
-from horovod_sparse.ops.pieces import is_pieces
+from horovod_sparse.ops.pieces import float32_views, is_pieces
 
 
 def accumulate(memory, grad, numpy_on_cpu=True):
@@ -47,7 +43,7 @@ def accumulate(memory, grad, numpy_on_cpu=True):
     if whole and not memory.enabled:
         return grad, lambda: all_finite(grad)  # acc is the gradient itself
     pieces = [grad] if whole else list(grad)
-    found = _float32_views(pieces) if numpy_on_cpu and cpu.enabled() else None
+    found = float32_views(pieces) if numpy_on_cpu and cpu.enabled() else None
     if found is None:
         acc = memory.accumulate(grad) if whole else memory.accumulate_pieces(pieces)
         return acc, lambda: all_finite(acc)
@@ -63,19 +59,3 @@ def accumulate(memory, grad, numpy_on_cpu=True):
         offset = part.stop
     return spare, lambda: ok
 
-
-def _float32_views(pieces):
-    """numpy views of the pieces when every one is float32 on the CPU (numpy, or a CPU tensor),
-    else None (the memory's own pass serves)."""
-    found = []
-    for piece in pieces:
-        if namespace.is_tensorflow(piece):
-            return None
-        if namespace.is_torch(piece):
-            if piece.device.type != "cpu" or piece.dtype != sys.modules["torch"].float32:
-                return None
-            piece = piece.detach().numpy()
-        elif piece.dtype != np.float32:
-            return None
-        found.append(piece)
-    return found

@@ -11,7 +11,7 @@ Example::
 """
 import numpy as np
 
-from horovod_sparse.ops import namespace
+from horovod_sparse.ops import namespace, views
 
 
 def is_pieces(grad):
@@ -29,3 +29,19 @@ def as_piece(piece):
         return p.contiguous() if p.dim() == 1 and p.is_floating_point() else None
     p = np.asarray(piece)
     return np.ascontiguousarray(p) if p.ndim == 1 and p.dtype.kind == "f" else None
+
+
+def float32_views(pieces):
+    """numpy views of the pieces when every one is float32 on the CPU (numpy, or a CPU tensor
+    through a zero-copy view), else None: what the compiled kernels of
+    :mod:`horovod_sparse.ops.cpu` can read (a TensorFlow tensor, another dtype or device takes
+    the framework's own path; numpy has no bfloat16 to view)."""
+    found = []
+    for piece in pieces:
+        if namespace.is_tensorflow(piece) or str(piece.dtype) not in ("float32", "torch.float32"):
+            return None
+        view = views.numpy_view(piece)
+        if view is None:
+            return None
+        found.append(view)
+    return found

@@ -40,7 +40,7 @@ from horovod_sparse.memory import ErrorFeedback, Momentum
 from horovod_sparse.ops import cpu, namespace, views
 from horovod_sparse.ops.cpu import memory as memory_kernels
 from horovod_sparse.ops.finite import all_finite
-from horovod_sparse.ops.pieces import as_piece
+from horovod_sparse.ops.pieces import as_piece, float32_views
 from horovod_sparse.pipeline import Pipeline, saved_array, with_prefix, without_prefix
 
 
@@ -197,15 +197,7 @@ class QuantizedPipeline(Pipeline):
         them and every piece is float32 numpy or a float32 CPU tensor; else None."""
         if not (cpu.enabled() and getattr(self.codec, "fused_cpu", False)):
             return None
-        found = []
-        for piece in (g if isinstance(g, list) else [g]):
-            if namespace.is_torch(piece) and piece.dtype != sys.modules["torch"].float32:
-                return None
-            view = views.numpy_view(piece)
-            if view is None or view.dtype != np.float32:
-                return None
-            found.append(view)
-        return found
+        return float32_views(g if isinstance(g, list) else [g])
 
     def _fused_step(self, g, found, tag, finite):
         """Steps 1-3 with the kernels: acc and the overflow check in one pass into the memory's

@@ -1,14 +1,15 @@
 """A sparsifier step's first pass over the gradient: what to compress, whether it is finite,
 and the candidates of the selection.
 
-One call, two spellings of the same result:
+Two spellings of the same result:
 
-* fused (:mod:`horovod_sparse.ops.cpu.sparsify`, numba), for float32 gradients on the CPU
+* :func:`first_pass`, fused (:mod:`horovod_sparse.ops.cpu.sparsify`, numba), where
+  :func:`fusable` holds: float32 gradients on the CPU
   (numpy, or torch tensors through zero-copy views) with error feedback or DGC's momentum
   correction: acc is written, its inf and NaN counted, and every entry whose magnitude key
   reaches the rule's candidate floor collected (index and key), in the one pass error
   feedback needs anyway;
-* otherwise the memory's own passes (:mod:`horovod_sparse.memory`), then
+* otherwise the sparsifier runs the memory's own passes (:mod:`horovod_sparse.memory`), then
   :func:`~horovod_sparse.ops.finite.all_finite`; no candidates: the rule computes the keys
   (:class:`~horovod_sparse.sparsify.selection.MagnitudeKeys`).
 
@@ -20,7 +21,8 @@ compaction.
 
 Example::
 
-    acc, finite, candidates = first_pass(memory, pieces, floor=rule.candidate_floor(), scratch=scratch)
+    if fusable(memory, pieces):
+        acc, finite, candidates = first_pass(memory, pieces, rule.candidate_floor(), scratch)
 """
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +32,7 @@ import numpy as np
 from horovod_sparse.memory import ErrorFeedback, MomentumCorrection
 from horovod_sparse.ops import cpu
 from horovod_sparse.ops.cpu import sparsify as fused
-from horovod_sparse.ops.finite import all_finite
-from horovod_sparse.ops.namespace import is_tensorflow
+from horovod_sparse.ops.pieces import float32_views
 from horovod_sparse.ops.views import as_like, numpy_view
 
 #: the candidate buffers hold this many entries per k, and at least 1/CANDIDATE_SHARE of the buffer
@@ -79,12 +80,7 @@ def fusable(memory, pieces):
         return False
     if not (isinstance(memory, MomentumCorrection) or (isinstance(memory, ErrorFeedback) and memory.enabled)):
         return False
-    for piece in pieces:
-        if is_tensorflow(piece) or str(piece.dtype) not in ("float32", "torch.float32"):  # (numpy has no bfloat16)
-            return False
-        if numpy_view(piece) is None:
-            return False
-    return True
+    return float32_views(pieces) is not None
 
 
 def rescan(acc, floor, scratch, room=0):
@@ -94,23 +90,24 @@ def rescan(acc, floor, scratch, room=0):
     the buffers hold that many first)."""
     scratch.room(room)
     count, _ = fused.scan(numpy_view(acc), np.int32(floor), scratch.index, scratch.key, 0, 0)
+    return _written(scratch, int(floor), count, acc)
+
+
+def _written(scratch, floor, count, like):
+    """The :class:`Candidates` a pass left in ``scratch`` (``count`` found, as many written as fit)."""
     written = min(count, scratch.index.shape[0])
-    return Candidates(int(floor), as_like(scratch.index[:written], acc), as_like(scratch.key[:written], acc), count)
+    return Candidates(floor, as_like(scratch.index[:written], like), as_like(scratch.key[:written], like), count)
 
 
-def first_pass(memory, pieces, floor, scratch, accumulate):
+def first_pass(memory, pieces, floor, scratch):
     """``(acc, finite, candidates)`` of this step's gradient ``pieces`` (1-D float arrays, the
-    buffer back to back).
+    buffer back to back), for which :func:`fusable` holds (the caller takes the memory's own
+    passes where it does not).
 
     memory : the sparsifier's :class:`~horovod_sparse.memory.Memory`; its state is only read.
     floor : the rule's candidate floor (an int key), or None (no candidates wanted).
     scratch : a :class:`CandidateScratch`.
-    accumulate : the unfused spelling, ``accumulate() -> acc`` (the memory's own passes).
-    candidates is None on the unfused path.
     """
-    if not fusable(memory, pieces):
-        acc = accumulate()
-        return acc, all_finite(acc), None
     like = pieces[0]
     floor = fused.NO_FLOOR if floor is None else int(floor)
     floor32 = np.int32(floor)
@@ -134,6 +131,4 @@ def first_pass(memory, pieces, floor, scratch, accumulate):
             count, bad = fused.accumulate_scan(
                 numpy_view(piece), residual_v[part], acc_v[part], floor32, scratch.index, scratch.key, count, offset)
             nonfinite, offset = nonfinite + bad, part.stop
-    written = min(count, scratch.index.shape[0])
-    candidates = Candidates(floor, as_like(scratch.index[:written], acc), as_like(scratch.key[:written], acc), count)
-    return acc, nonfinite == 0, candidates
+    return acc, nonfinite == 0, _written(scratch, floor, count, acc)
