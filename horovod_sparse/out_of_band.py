@@ -126,6 +126,14 @@ class OutOfBandCompressorBase:
             else:
                 self._pending_state[key] = entry
 
+    def regime(self):
+        """``{buffer key: what its next step does}``: a warm-up's phase where one is under way
+        (:mod:`horovod_sparse.warmup`), else ``"steady"``. The same on every rank.
+
+        Example: ``{"(fused)": "warm-up: density 0.0955, falling to 0.01 by step 200"}``.
+        """
+        return {key: pipeline.regime() for key, (_, pipeline) in self.pipelines.items()}
+
     # -- accounting --------------------------------------------------------------------
     def exchanging_pipelines(self):
         """The pipelines that exchange this compressor's gradients."""

@@ -71,6 +71,9 @@ class Pipeline(ClosesOnExit):
         fields (``format``, ``n`` and what a subclass adds) must match.
     ``close()``, ``with``
         Free the duplicated communicators (idempotent).
+    ``regime()``
+        What the next step does, in words, where a warm-up makes it differ from the steady
+        step (:mod:`horovod_sparse.warmup`); ``"steady"`` otherwise.
 
     A subclass sets ``n`` and ``_exchanges`` (the objects it exchanges through, each with
     ``traffic`` and ``close()``) and writes ``step``; a pipeline with more state than its
@@ -98,6 +101,10 @@ class Pipeline(ClosesOnExit):
 
     def step(self, grad, tag=0, finite=True):
         raise NotImplementedError
+
+    def regime(self):
+        """The next step's regime, in words (a pipeline without a warm-up: always steady)."""
+        return "steady"
 
     @property
     def traffic(self):

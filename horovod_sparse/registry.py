@@ -69,6 +69,21 @@ def create(spec, **params):
     return cls(**merged)
 
 
+def create_steady(spec, **params):
+    """:func:`create`, with no warm-up (:mod:`horovod_sparse.warmup`) unless the spec or
+    ``params`` name one: the steady step, which ``auto``'s candidates run (auto has its own
+    warm-up) and which the step-time benchmarks measure.
+
+    >>> create_steady("topk:density=0.01").params["warmup_steps"]
+    0
+    """
+    name, merged = parse_spec(spec)
+    merged.update(params)
+    if "warmup_steps" in inspect.signature(get(name).__init__).parameters:
+        merged.setdefault("warmup_steps", 0)
+    return create(name, **merged)
+
+
 def parse_spec(spec):
     """``"name:key=value,..."`` -> ``(name, {key: value})``, values parsed as in :func:`create`."""
     if not isinstance(spec, str):

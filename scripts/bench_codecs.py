@@ -33,6 +33,7 @@ import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("HOROVOD_SPARSE_WARMUP_STEPS", "0")  # the steady codec, not a warm-up's dense steps
 
 import numpy as np  # noqa: E402
 

@@ -69,8 +69,11 @@ def build_parser():
     p.add_argument("--seconds", type=float, default=None, help="training-seconds budget per run")
     p.add_argument("--eval-every", type=int, default=20, help="steps between evaluations (default 20)")
     p.add_argument("--batch", type=int, default=None, help="batch per rank (default: the workload's)")
-    p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: the workload's)")
-    p.add_argument("--momentum", type=float, default=None, help="SGD momentum (default: the workload's)")
+    p.add_argument("--recipe", default=None, choices=tta.RECIPE_NAMES,
+                   help="optimizer and schedule (default: each workload's own)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
+    p.add_argument("--model", default=None, metavar="KEY=INT,...",
+                   help="the language model's size, e.g. layers=4,d_model=256,heads=4")
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
     p.add_argument("--target", nargs="+", default=[], metavar="[WORKLOAD=]VALUE",
                    help="the target metric, for every workload or per workload (default: Horovod "
@@ -139,7 +142,7 @@ def job_command(a, workload, link, compressors):
              "--link", link, "--eval-every", str(a.eval_every), "--seed", str(a.seed), "--out", a.out,
              "--started", started_path(a), "--timeout", str(a.run_timeout), "--ddp-timeout", str(a.ddp_timeout)]
     for flag, value in (("--steps", a.steps), ("--seconds", a.seconds), ("--batch", a.batch),
-                        ("--lr", a.lr), ("--momentum", a.momentum)):
+                        ("--recipe", a.recipe), ("--lr", a.lr), ("--model", a.model)):
         if value is not None:
             bench += [flag, str(value)]
     if a.note:
@@ -354,7 +357,7 @@ def markdown(recs, targets=None, png_dir=None, tolerance=0.0, page="accuracy"):
         budget = " or ".join(f"{v:g} {unit}" for v, unit in ((ref.get("budget_steps"), "steps"),
                                                              (ref.get("budget_seconds"), "s of training"))
                              if v is not None)
-        settings = (f"SGD lr {ref.get('lr')} momentum {ref.get('momentum')}, batch {ref.get('batch')} per rank, "
+        settings = (f"{recipe_text(ref)}, batch {ref.get('batch')} per rank, "
                     f"budget {budget}, evaluation every {ref.get('eval_every')} steps")
         aim = f"target {_metric(target)} = {source}" if target is not None else source
         out += [f"{metric} ({'higher' if higher else 'lower'} is better); {aim}. {settings}.", ""]
@@ -363,6 +366,21 @@ def markdown(recs, targets=None, png_dir=None, tolerance=0.0, page="accuracy"):
                     ""]
         out += [table(summarise(rs, target, higher), metric, target), ""]
     return "\n".join(out)
+
+
+def recipe_text(record):
+    """The record's optimizer and schedule in a few words (records before recipes ran plain SGD)."""
+    r = record.get("recipe") or {"name": "sgd", "lr": record.get("lr"), "momentum": record.get("momentum")}
+    words = {"sgd": "SGD", "momentum": "SGD", "adamw": "AdamW"}[r["name"]] + f" lr {r.get('lr')}"
+    if r.get("momentum"):
+        words += f" momentum {r['momentum']}"
+    if r.get("weight_decay"):
+        words += f" weight decay {r['weight_decay']}"
+    if r.get("warmup"):
+        words += f", {r['warmup']:.0%} warm-up"
+    if r.get("decay", "constant") != "constant":
+        words += f", {r['decay']} decay"
+    return words
 
 
 def plot(rs, target, path, title):

@@ -175,7 +175,7 @@ def check_candidates(candidates, min_density, min_rank):
     for spec in candidates:
         if not isinstance(spec, str):
             raise ValueError(f"candidates must be spec strings, got {spec!r}")
-        algorithm = registry.create(spec)
+        algorithm = registry.create_steady(spec)
         canonical.append(algorithm.spec)
         if algorithm.name in DENSE_CHOICES:
             out.append(algorithm.name)

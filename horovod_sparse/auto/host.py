@@ -91,7 +91,7 @@ class HostAutoRuntime(AutoRuntime):
         """The choice ``key`` gets in this step (:meth:`choice_for`, without adding a new key)."""
         choice = self.plan.get(key)
         if choice is None and size is not None:
-            choice = self.profiling_choice if size >= self.dense_below else NONE
+            choice = self.first_choice(size)
         return choice
 
     def _judged(self, verdict):

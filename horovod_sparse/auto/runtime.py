@@ -1,6 +1,10 @@
-"""``Compression.auto`` over a run, shared by the frontends: the plan in effect, and the three
+"""``Compression.auto`` over a run, shared by the frontends: the plan in effect, and the
 phases that decide it, each switch at a step boundary on every rank.
 
+0. **warming** (``warmup_steps``, :mod:`horovod_sparse.warmup`): every gradient goes to a dense
+   choice (fp16 where it is a candidate, else none): early training is where compression
+   costs the most quality, and where a fixed compressor has its own warm-up. Auto's
+   candidates have none (:func:`~horovod_sparse.registry.create_steady`): this phase is theirs.
 1. **profiling** (``profile_steps``): every gradient of at least ``dense_below`` elements goes
    to the first out-of-band candidate (fp16 if there is none), as a fixed compressor would,
    while the gradients' arrivals are timed (:class:`~horovod_sparse.schedule.arrivals.ArrivalTrace`).
@@ -50,6 +54,7 @@ from horovod_sparse.out_of_band import DEFAULT_DENSE_BELOW
 from horovod_sparse.schedule.arrivals import ArrivalTrace
 from horovod_sparse.schedule.cost import CostModel
 from horovod_sparse.schedule.trials import PlanTrials
+from horovod_sparse.warmup import warmup_steps as checked_warmup
 
 log = logging.getLogger("horovod_sparse.auto")
 #: per-element fields holding error feedback's residual (gradient mass not yet applied)
@@ -78,8 +83,9 @@ class AutoRuntime:
 
     def __init__(self, candidates=DEFAULT_CANDIDATES, dense_below=DEFAULT_DENSE_BELOW, min_density=0.01,
                  min_rank=1, max_residual_ratio=DEFAULT_MAX_RESIDUAL_RATIO, profile_steps=3, trial_steps=3,
-                 max_trials=5, prune=1.5, drift=0.2, check_every=20, nonfinite="propagate"):
+                 max_trials=5, prune=1.5, drift=0.2, check_every=20, nonfinite="propagate", warmup_steps=None):
         self.nonfinite = check_nonfinite(nonfinite)
+        self.warmup_steps = checked_warmup(warmup_steps)
         self.min_density = check_positive_number("min_density", min_density)
         self.min_rank = check_positive_int("min_rank", min_rank)
         self.candidates = check_candidates(candidates, self.min_density, self.min_rank)
@@ -95,13 +101,13 @@ class AutoRuntime:
             raise ValueError(f"prune must be a number >= 1, got {prune!r}")
         self.drift = check_positive_number("drift", drift)
         self.check_every = check_positive_int("check_every", check_every)
-        self.algorithms = {spec: registry.create(spec) for spec in self.candidates if spec not in DENSE_CHOICES}
+        self.algorithms = {spec: registry.create_steady(spec) for spec in self.candidates if spec not in DENSE_CHOICES}
         self.choices = [NONE, FP16] + list(self.algorithms)
         # the plan; new keys get the profiling choice
         self.plan = {}
-        self.phase = "profiling"
+        self.phase = "warming" if self.warmup_steps else "profiling"
         self.report = {"phase": self.phase, "chosen": None, "per_choice": {}, "replans": [], "guard": [],
-                       "skipped_steps": 0}
+                       "skipped_steps": 0, "warmup_steps": self.warmup_steps}
         self.drain = {}        # key -> residual (numpy) to add to its next gradient: it left a candidate
         # this step's changes that a skipped step gives back: residuals drained, keys new to the plan
         self._taken, self._new_keys = {}, []
@@ -117,14 +123,25 @@ class AutoRuntime:
     @property
     def profiling_choice(self):
         """What a gradient gets before the plan: the first out-of-band candidate, else fp16."""
-        return next(iter(self.algorithms), FP16 if FP16 in self.candidates else NONE)
+        return next(iter(self.algorithms), self.warming_choice)
+
+    @property
+    def warming_choice(self):
+        """What a gradient gets while warming: fp16 where it is a candidate, else none."""
+        return FP16 if FP16 in self.candidates else NONE
+
+    def first_choice(self, numel):
+        """What a gradient of ``numel`` elements new to the plan gets: ``"none"`` under
+        ``dense_below``, else the warming choice or the profiling choice, by the phase."""
+        if numel < self.dense_below:
+            return NONE
+        return self.warming_choice if self.phase == "warming" else self.profiling_choice
 
     def choice_for(self, key, numel):
-        """The plan's choice for a float gradient of ``numel`` elements (a new key: the profiling
-        choice, or ``"none"`` under ``dense_below``)."""
+        """The plan's choice for a float gradient of ``numel`` elements (a new key: :meth:`first_choice`)."""
         choice = self.plan.get(key)
         if choice is None:
-            choice = self.plan[key] = self.profiling_choice if numel >= self.dense_below else NONE
+            choice = self.plan[key] = self.first_choice(numel)
             self._new_keys.append(key)
         return choice
 
@@ -162,7 +179,7 @@ class AutoRuntime:
                 self._trials.record(now - self._step_began)
             elif self.phase == "settled":
                 self._periods.append(now - self._step_began)
-        self._step_began = now if self.phase != "profiling" else None
+        self._step_began = now if self.phase in ("trying", "settled") else None
         self._taken, self._new_keys = {}, []
 
     def drained(self, key):
@@ -196,7 +213,11 @@ class AutoRuntime:
         the step's float gradients; ``backward_end``: when backward ended (``time.perf_counter``;
         None: now). Collective: every rank, the same step."""
         self.steps += 1
-        if self.phase == "profiling":
+        if self.phase == "warming":
+            if self.steps >= self.warmup_steps:  # the candidates take the gradients from the next step
+                self.phase = self.report["phase"] = "profiling"
+                self.adopt({k: self.first_choice(sizes[k]) for k in self.plan if k in sizes})
+        elif self.phase == "profiling":
             self.trace.end_step(at=backward_end)
             if len(self.trace.steps) >= self.profile_steps:
                 self._make_plans(comm, sizes)
@@ -332,7 +353,7 @@ class AutoRuntime:
                       "plans": [dict(p) for _, p in self._trials.candidates],
                       "ran": self._trials.ran, "times": list(self._trials.times)}
         return {"auto": {"phase": self.phase, "plan": dict(self.plan), "trials": trials,
-                         "chosen": self.report.get("chosen")},
+                         "chosen": self.report.get("chosen"), "steps": self.steps},
                 "candidates": self.candidate_states(),
                 "drain": {key: r.copy() for key, r in self.drain.items()}}
 
@@ -347,6 +368,8 @@ class AutoRuntime:
         self.load_candidate_states(state_dict.get("candidates", {}))
         self.drain = {key: np.array(r, dtype=np.float32, copy=True) for key, r in state_dict.get("drain", {}).items()}
         self.plan, self.phase = dict(saved["plan"]), saved["phase"]
+        # a state saved before the warming phase existed has no step count: its warm-up is over
+        self.steps = int(saved.get("steps", self.warmup_steps))
         self.trace, self._trials, self._step_began = ArrivalTrace(), None, None
         self._periods, self._baseline, self._settled_steps = [], None, 0
         self._taken, self._new_keys = {}, []
@@ -362,7 +385,8 @@ class AutoRuntime:
         return (f"candidates={self.candidates}, dense_below={self.dense_below}, min_density={self.min_density}, "
                 f"min_rank={self.min_rank}, max_residual_ratio={self.max_residual_ratio}, "
                 f"profile_steps={self.profile_steps}, trial_steps={self.trial_steps}, max_trials={self.max_trials}, "
-                f"prune={self.prune}, drift={self.drift}, check_every={self.check_every}, nonfinite={self.nonfinite}")
+                f"prune={self.prune}, drift={self.drift}, check_every={self.check_every}, nonfinite={self.nonfinite}, "
+                f"warmup_steps={self.warmup_steps}")
 
 
 def residual_of(fields):

@@ -684,6 +684,9 @@ def bench_class(framework):
 
 
 def run(args) -> int:
+    # the steady step: a compressor's warm-up (horovod_sparse.warmup) would time dense steps instead,
+    # unless its spec names warmup_steps
+    os.environ.setdefault("HOROVOD_SPARSE_WARMUP_STEPS", "0")
     bench = bench_class(args.framework)(args)
     if bench.rank == 0 and args.out:
         print(f"[step] appending records to {args.out}", flush=True)

@@ -14,7 +14,8 @@ Per compressor, one after the other in one job:
 * **Horovod** (``hvd-none``, ``hvd-fp16``: Horovod's own compressors, as
   :mod:`horovod_sparse.bench.step` names them) and **ours** (any ``horovod_sparse`` spec,
   ``schedule=`` ones included): the workload's seeded model (then
-  ``hvd.broadcast_parameters``), plain SGD, the stock ``hvd.DistributedOptimizer(compression=...)``.
+  ``hvd.broadcast_parameters``), the recipe's optimizer, the stock
+  ``hvd.DistributedOptimizer(compression=...)``.
 * **PyTorch DDP over gloo**, the peers: ``ddp-none`` (dense), ``ddp-fp16``
   (``fp16_compress_hook``), ``ddp-powersgd`` (``powerSGD_hook`` with the state of its
   documentation's example: rank 1, ``start_powerSGD_iter=10`` plain allreduce steps first,
@@ -25,11 +26,12 @@ Per compressor, one after the other in one job:
   namespace's interface) and passes the port over MPI. Gloo's own timeout
   (``--ddp-timeout``) turns a hung collective into an error, recorded like any other.
 
-The same hyper-parameters for every compressor: plain SGD at the workload's learning rate
-and momentum (:func:`hyperparameters`), the workload's batch per rank and its stream of
-batches (the same examples at every step for every compressor), the same seed. Each
-compressor runs with its own defaults beyond its spec (none of ours has a dense warm-up;
-DDP's PowerSGD has the one above).
+The same recipe for every compressor (``--recipe``, :mod:`horovod_sparse.workloads.recipes`:
+``adamw``, ``momentum`` or ``sgd``, with warm-up and cosine decay over ``--steps``; default
+the workload's own: AdamW for the language model, momentum SGD for ResNet-18), the
+workload's batch per rank and its stream of batches (the same examples at every step for
+every compressor), the same seed. ``--model layers=4,d_model=256`` sizes the language model.
+Each compressor runs with its own defaults beyond its spec (DDP's PowerSGD has the ones above).
 
 Every ``--eval-every`` steps, and at the start and the end, the training clock stops and
 rank 0 evaluates its replica (the parameters of all replicas are the same, which is checked
@@ -68,6 +70,8 @@ import time
 from horovod_sparse.bench.step import (DRIVER_ENV, RATE_ENV, Bench, _link, _positive, auto_summary,
                                        is_horovod_spec, link_bps)
 from horovod_sparse.workloads import NAMES  # stdlib only at import, like this module
+from horovod_sparse.workloads.recipes import NAMES as RECIPE_NAMES
+from horovod_sparse.workloads.recipes import recipe_for
 
 #: The peers, by the names this benchmark gives them.
 DDP_PEERS = ("ddp-none", "ddp-fp16", "ddp-powersgd")
@@ -77,16 +81,6 @@ DEFAULT_COMPRESSORS = (
     "hvd-none", "hvd-fp16", "topk:density=0.01", "oktopk:density=0.01", "randomk:density=0.01",
     "powersgd", "efsignsgd", "qsgd", "fft", *DDP_PEERS,
 )
-
-#: SGD's learning rate and momentum per workload, where the workload module does not set
-#: ``LR`` and ``MOMENTUM`` itself. Momentum 0 as in tests/parallel/torch/test_workloads_converge.py:
-#: ResNet-18 is evaluated with BatchNorm's running statistics, which lag a model that moves fast.
-#: Rates from a few dozen steps of one process at the global batch of P=2 (seed 0): ResNet-18 at 64,
-#: lr 0.02 (that test's) 0.947 accuracy after 20 steps, 0.983 after 60 (0.05: 0.611, 0.972);
-#: the full-size language model at 8, lr 0.03 6.23 bits per byte after 2 steps, 4.50 after 40
-#: (0.1, that test's rate for a 2 x 128 model: 10.0 and 5.82; 0.01: 6.96 and 4.93).
-TRAINING = {"digits_resnet": {"lr": 0.02, "momentum": 0.0},
-            "stdlib_lm": {"lr": 0.03, "momentum": 0.0}}
 
 #: PowerSGDState of the hook's documentation's example (torch's powerSGD_hook.py).
 DDP_POWERSGD = {"matrix_approximation_rank": 1, "start_powerSGD_iter": 10, "min_compression_rate": 0.5}
@@ -100,6 +94,14 @@ def _positive_float(text: str) -> float:
     if not v > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return v
+
+
+def _model_size(text: str) -> dict:
+    """``"layers=4,d_model=256"`` -> ``{"layers": 4, "d_model": 256}``."""
+    try:
+        return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(",") if part.strip())}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected KEY=INT,..., got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,8 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training-time budget per compressor (checked at each evaluation)")
     p.add_argument("--eval-every", type=_positive, default=20, help="steps between evaluations (default 20)")
     p.add_argument("--batch", type=_positive, default=None, help="batch per rank (default: the workload's)")
-    p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: the workload's)")
-    p.add_argument("--momentum", type=float, default=None, help="SGD momentum (default: the workload's)")
+    p.add_argument("--recipe", default=None, choices=RECIPE_NAMES,
+                   help="optimizer and schedule (default: the workload's own; see horovod_sparse.workloads.recipes)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
+    p.add_argument("--model", type=_model_size, default={}, metavar="KEY=INT,...",
+                   help="model size, e.g. layers=4,d_model=256,heads=4 (the language model; default its own)")
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
     p.add_argument("--link", type=_link, default=None,
                    help=f"the link's tc rate, for the record (default: ${RATE_ENV} set by "
@@ -147,18 +152,6 @@ def parse_args(argv=None):
 def kind_of(spec: str) -> str:
     """``"horovod"`` (Horovod's own compressors), ``"ddp"`` (the peers) or ``"ours"``."""
     return "horovod" if is_horovod_spec(spec) else "ddp" if spec in DDP_PEERS else "ours"
-
-
-def hyperparameters(name, workload=None, lr=None, momentum=None):
-    """``{"lr", "momentum"}``: the arguments where given, else the workload module's ``LR`` and
-    ``MOMENTUM`` where it sets them, else :data:`TRAINING`.
-
-    >>> hyperparameters("digits_resnet", lr=0.05)
-    {'lr': 0.05, 'momentum': 0.0}
-    """
-    own = {"lr": getattr(workload, "LR", None), "momentum": getattr(workload, "MOMENTUM", None)}
-    given = {"lr": lr, "momentum": momentum}
-    return {k: next(v for v in (given[k], own[k], TRAINING[name][k]) if v is not None) for k in given}
 
 
 def describe(error, where=None):
@@ -224,11 +217,15 @@ class TimeToAccuracy(Bench):
         from horovod_sparse import workloads
         self.workload = workloads.get(args.workload)
         self.batch = args.batch or self.workload.BATCH
-        self.training = hyperparameters(args.workload, self.workload, args.lr, args.momentum)
-        model = self.workload.build_model(seed=args.seed)
+        self.recipe = recipe_for(self.workload, args.recipe, args.lr)
+        model = self.build_model()
         self.size_of_model = {"params": sum(p.numel() for p in model.parameters()),
                               "tensors": sum(1 for _ in model.parameters())}
         self.current = None   # the record of the run under way (rank 0 fills its curve)
+
+    def build_model(self):
+        """The workload's model from the seed, at ``--model``'s size: the same on every rank."""
+        return self.workload.build_model(seed=self.args.seed, **self.args.model)
 
     # -- records ----------------------------------------------------------------------
     def base_record(self, spec):
@@ -239,7 +236,8 @@ class TimeToAccuracy(Bench):
             "workload": a.workload, "metric": w.METRIC, "higher_is_better": w.HIGHER_IS_BETTER,
             **self.size_of_model,
             "compressor": spec, "kind": kind_of(spec), "np": self.size, "link": a.link,
-            "link_bps": link_bps(a.link), "batch": self.batch, **self.training, "seed": a.seed,
+            "link_bps": link_bps(a.link), "batch": self.batch, "recipe": self.recipe.record(),
+            "lr": self.recipe.lr, "momentum": self.recipe.momentum, "model_size": a.model, "seed": a.seed,
             "budget_steps": a.steps, "budget_seconds": a.seconds, "eval_every": a.eval_every,
             "ddp_powersgd": DDP_POWERSGD if spec == "ddp-powersgd" else None,
             "curve": [], "steps": 0, "seconds": 0.0, "eval_seconds": 0.0,
@@ -267,7 +265,7 @@ class TimeToAccuracy(Bench):
         close = getattr(compression, "close", None)
         if callable(close):
             cleanup.append(close)
-        opt = self.torch.optim.SGD(model.parameters(), **self.training)
+        opt = self.recipe.optimizer(model.parameters())
         return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                                compression=compression)
 
@@ -297,7 +295,7 @@ class TimeToAccuracy(Bench):
             net.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         if self.rank == 0:
             self.current["ddp_master"] = f"{master}:{port}"
-        return net, self.torch.optim.SGD(net.parameters(), **self.training)
+        return net, self.recipe.optimizer(net.parameters())
 
     # -- one compressor -----------------------------------------------------------------
     def evaluate(self, model, step, clock, losses):
@@ -333,9 +331,11 @@ class TimeToAccuracy(Bench):
         cleanup, digest, error = [], None, None
         self.compression = None
         try:
-            model = self.workload.build_model(seed=a.seed)   # the same on every rank ...
+            model = self.build_model()                       # the same on every rank ...
             setup = self.ddp_setup if kind_of(spec) == "ddp" else self.horovod_setup
             net, opt = setup(spec, model, cleanup)           # ... and made sure of
+            # a --seconds budget alone has no last step to decay to: the rate then stays at its peak
+            schedule = self.recipe.schedule(opt, a.steps) if a.steps else None
             batches = self.workload.batches(self.rank, self.size, self.batch, seed=a.seed)
             step, clock = 0, 0.0
             error, failed = self.evaluate(model, step, clock, [])
@@ -350,6 +350,8 @@ class TimeToAccuracy(Bench):
                         loss = self.workload.loss(net, next(batches))
                         loss.backward()
                         opt.step()
+                        if schedule is not None:
+                            schedule.step()
                         losses.append(loss.item())
                 except Exception as e:
                     error = describe(e)
@@ -418,7 +420,7 @@ def format_line(r) -> str:
 def run(args) -> int:
     bench = TimeToAccuracy(args)
     bench.say(f"[tta] {args.workload}, P={bench.size}, link {args.link}, batch {bench.batch}/rank, "
-              f"SGD {bench.training}, budget {args.steps} steps / {args.seconds} s, "
+              f"recipe {bench.recipe}, budget {args.steps} steps / {args.seconds} s, "
               f"evaluation every {args.eval_every} steps" + (f"; appending to {args.out}" if args.out else ""))
     for spec in args.compressors:
         if not bench.run_one(spec):

@@ -2,6 +2,7 @@
 from horovod_sparse.compressors.base import (OutOfBandCompressor, check_bool, check_nonnegative_int,
                                              check_positive_int, check_positive_number)
 from horovod_sparse.lowrank import PowerSGDPipeline
+from horovod_sparse.warmup import warmup_steps as checked_warmup
 
 
 class PowerSGDCompressor(OutOfBandCompressor):
@@ -33,6 +34,9 @@ class PowerSGDCompressor(OutOfBandCompressor):
             when P and Q are at least this many times smaller than the matrix
             (a finite number > 0, default 2.0).
         seed: seed of the random Q draws (integer >= 0, default 0); the same on every rank.
+        warmup_steps: the first warmup_steps steps sum the whole gradient by one allreduce,
+            residual cleared, as the hook's ``start_powerSGD_iter`` (an integer >= 0; default
+            ``$HOROVOD_SPARSE_WARMUP_STEPS``, else 100: :mod:`horovod_sparse.warmup`).
     """
 
     name = "powersgd"
@@ -42,20 +46,22 @@ class PowerSGDCompressor(OutOfBandCompressor):
     #: only P with the dense vector, and Q, cross to numpy for the Allreduces
     tensorflow_ops = True
 
-    def __init__(self, rank=1, error_feedback=True, warm_start=True, min_compression_rate=2.0, seed=0):
+    def __init__(self, rank=1, error_feedback=True, warm_start=True, min_compression_rate=2.0, seed=0,
+                 warmup_steps=None):
         super().__init__()
         self.rank = check_positive_int("rank", rank)
         self.error_feedback = check_bool("error_feedback", error_feedback)
         self.warm_start = check_bool("warm_start", warm_start)
         self.min_compression_rate = check_positive_number("min_compression_rate", min_compression_rate)
         self.seed = check_nonnegative_int("seed", seed)
+        self.warmup_steps = checked_warmup(warmup_steps)
         self.params = dict(rank=self.rank, error_feedback=self.error_feedback,
                            warm_start=self.warm_start, min_compression_rate=self.min_compression_rate,
-                           seed=self.seed)
+                           seed=self.seed, warmup_steps=self.warmup_steps)
 
     def make_pipeline(self, n, comm, layout=None):
         """A :class:`~horovod_sparse.lowrank.PowerSGDPipeline` for a buffer of ``n`` elements
         laid out as ``layout`` (collective on ``comm``)."""
         return PowerSGDPipeline(n, comm, self.rank, layout=layout, error_feedback=self.error_feedback,
                                 warm_start=self.warm_start, seed=self.seed,
-                                min_compression_rate=self.min_compression_rate)
+                                min_compression_rate=self.min_compression_rate, warmup_steps=self.warmup_steps)

@@ -17,11 +17,14 @@ et al., ICLR'18; TopkA / TopkDSA (SparCML, Renggli et al., SC'19).
 """
 
 from horovod_sparse.compressors.base import (OutOfBandCompressor, check_bool, check_choice, check_fraction,
-                                             check_nonnegative_int, check_positive_int,
+                                             check_positive_int,
                                              check_positive_number, check_unit_interval)
 from horovod_sparse.sparsify import selection
 from horovod_sparse.sparsify.selection import k_for
 from horovod_sparse.sparsify.sparsifier import Sparsifier
+from horovod_sparse.warmup import warmup_steps as checked_warmup
+
+#: how the warm-up reads in the compressors' docstrings
 
 #: exchanges a compressor with an exact top-k selection can use
 TOPK_EXCHANGES = ("allgather", "oktopk", "gtopk", "dsa")
@@ -50,21 +53,28 @@ class TopKCompressor(SparsifyingCompressor):
         exchange: "allgather" (TopkA, 2k(P-1) pairs per rank), "oktopk" (Ok-Topk's
             sparse allreduce, global top-k, < 6k pairs), "gtopk" (gTop-k tree, global
             top-k) or "dsa" (TopkDSA, sparse-or-dense regions).
+        warmup_steps: the first warmup_steps steps send the whole buffer through a dense
+            allreduce (residual cleared); over the next warmup_steps the density falls
+            geometrically from 1 to ``density`` (DGC's warm-up; with "allgather" and "dsa"
+            only). An integer >= 0; default ``$HOROVOD_SPARSE_WARMUP_STEPS``, else 100
+            (:mod:`horovod_sparse.warmup`; what it buys: docs/accuracy.md).
     """
 
     name = "topk"
 
-    def __init__(self, density=0.01, error_feedback=True, exchange="allgather"):
+    def __init__(self, density=0.01, error_feedback=True, exchange="allgather", warmup_steps=None):
         super().__init__()
         self.density = check_fraction("density", density)
         self.error_feedback = check_bool("error_feedback", error_feedback)
         self.exchange = check_choice("exchange", exchange, TOPK_EXCHANGES)
+        self.warmup_steps = checked_warmup(warmup_steps)
         self.params = dict(density=self.density, error_feedback=self.error_feedback,
-                           exchange=self.exchange)
+                           exchange=self.exchange, warmup_steps=self.warmup_steps)
 
     def make_pipeline(self, n, comm, layout=None):
         return Sparsifier(n, comm, selection.TopKRule(), self.k_for(n), exchange=self.exchange,
-                          error_feedback=self.error_feedback)
+                          error_feedback=self.error_feedback, warmup_steps=self.warmup_steps,
+                          ramp=self.exchange in THRESHOLD_EXCHANGES)
 
 
 class OkTopKCompressor(SparsifyingCompressor):
@@ -76,19 +86,20 @@ class OkTopKCompressor(SparsifyingCompressor):
         tau_prime: steps between exact recomputations of the local and global
             thresholds (>= 1); in between they are nudged by x1.012 or /1.012.
         warmup_steps: number of first steps exchanged densely (whole buffer, residual
-            cleared), >= 0.
+            cleared), an integer >= 0; default ``$HOROVOD_SPARSE_WARMUP_STEPS``, else 100
+            (:mod:`horovod_sparse.warmup`).
         error_feedback: keep what was not consumed in a residual; cleared only at
             indices selected both locally and globally.
     """
 
     name = "oktopk"
 
-    def __init__(self, density=0.01, tau=64, tau_prime=32, warmup_steps=0, error_feedback=True):
+    def __init__(self, density=0.01, tau=64, tau_prime=32, warmup_steps=None, error_feedback=True):
         super().__init__()
         self.density = check_fraction("density", density)
         self.tau = check_positive_int("tau", tau)
         self.tau_prime = check_positive_int("tau_prime", tau_prime)
-        self.warmup_steps = check_nonnegative_int("warmup_steps", warmup_steps, upper=2**31 - 1)
+        self.warmup_steps = checked_warmup(warmup_steps)
         self.error_feedback = check_bool("error_feedback", error_feedback)
         self.params = dict(density=self.density, tau=self.tau, tau_prime=self.tau_prime,
                            warmup_steps=self.warmup_steps, error_feedback=self.error_feedback)

@@ -83,6 +83,8 @@ from horovod_sparse.ops.cpu import lowrank as cpu_lowrank
 from horovod_sparse.ops.pieces import as_piece, is_pieces
 from horovod_sparse.pipeline import Pipeline, saved_array
 
+from horovod_sparse.warmup import Warmup
+
 from .accumulate import accumulate
 from .factors import BlockView, back_project, expand_block, library, project, scratch_elements, transposed
 from .orthogonal import orthonormalize
@@ -179,6 +181,9 @@ class PowerSGDPipeline(Pipeline):
         Seed of the Q draws; must be the same on every rank.
     min_compression_rate : float > 0 (default 2.0)
         A matrix is compressed when a*b >= min_compression_rate * r*(a+b).
+    warmup_steps : int >= 0 (default 0)
+        The first warmup_steps steps sum the whole of acc by one Allreduce and clear the
+        residual (:meth:`_dense_step`); the ranks agree on it in the call's header.
 
     Attributes: ``n``, ``plan`` (:class:`~.plan.Plan`), ``approx_rank``, ``step_count``,
     ``residual`` (float32 length n in the gradient's library, or None without error
@@ -196,8 +201,9 @@ class PowerSGDPipeline(Pipeline):
     """
 
     def __init__(self, n, comm, rank, layout=None, error_feedback=True, warm_start=True, seed=0,
-                 min_compression_rate=2.0):
+                 min_compression_rate=2.0, warmup_steps=0):
         self.n = check_int("n", n, 0)
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, 0, 2 ** 31 - 1)
         self.approx_rank = check_int("rank", rank, 1, 2 ** 31 - 1)
         self.error_feedback = check_bool("error_feedback", error_feedback)
         self.warm_start = check_bool("warm_start", warm_start)
@@ -316,16 +322,19 @@ class PowerSGDPipeline(Pipeline):
         acc, acc_finite = self._accumulate(grad)                                    # step 1
         fused = acc is not None and self._fused_on(acc)
         call, self._calls = self._calls, self._calls + 1  # on every rank, also when rejected
+        dense = self.step_count < self.warmup_steps
         try:
             agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
                        error_code=code, error_detail=detail, k=self.approx_rank,
-                       count=plan.p_size + plan.dense_size, algorithm_names=_ALGORITHM_NAMES,
+                       count=self.n if dense else plan.p_size + plan.dense_size, algorithm_names=_ALGORITHM_NAMES,
                        exchange="PowerSGD", error_texts=_ERROR_TEXTS, finite=acc is None or (finite and acc_finite()))
         except NonFiniteGradientError:
             self._calls = call  # a skipped step is not counted: the next runs as if it had not been
             raise
         except ExchangeError as err:
             raise ExchangeError(str(err) + _HINT) from None
+        if dense:
+            return self._dense_step(acc, before)
 
         ws = self._workspace_for(acc)
         kernel = self._kernel
@@ -381,6 +390,23 @@ class PowerSGDPipeline(Pipeline):
 
     def _new_workspace(self, like):
         return _Workspace(self.plan, like)
+
+    def regime(self):
+        """The warm-up's phase at the next step, in words (for reports)."""
+        return Warmup(self.warmup_steps, ramp=False).describe(self.step_count, f"rank {self.approx_rank}")
+
+    def _dense_step(self, acc, before):
+        """A warm-up step (PyTorch's ``start_powerSGD_iter``): acc summed whole by one Allreduce,
+        the residual cleared; no factor changes (the first compressed step starts from the
+        initial Q's, as without a warm-up)."""
+        sent = np.array(host.to_host(acc), np.float32, copy=True)
+        out = host.from_host(self._allreduce(sent, np.empty(self.n, np.float32)), acc)
+        if self.error_feedback:
+            self._memory.commit_cleared(acc, namespace.arange(self.n, acc))
+        self.last = PowerSGDStepInfo(self.step_count, self._comm.traffic - before, 0,
+                                     lambda: host.from_host(sent, out))
+        self.step_count += 1
+        return out
 
     # ------------------------------------------------- fused CPU kernels
     def _fused_on(self, acc):
@@ -466,7 +492,7 @@ class PowerSGDPipeline(Pipeline):
         self._calls = int(state["calls"])
 
     def __repr__(self):
-        return (f"PowerSGDPipeline(n={self.n}, rank={self.approx_rank}, "
+        return (f"PowerSGDPipeline(n={self.n}, rank={self.approx_rank}, warmup_steps={self.warmup_steps}, "
                 f"matrices={len(self.plan.matrices)}, dense={self.plan.dense_size}, "
                 f"step={self.step_count})")
 

@@ -26,7 +26,8 @@ from horovod_sparse.ops.indices import compact, isin_sorted, take
 from horovod_sparse.ops.pieces import as_piece, is_pieces
 from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, with_prefix, without_prefix
 from horovod_sparse.sparsify.first_pass import CandidateScratch, first_pass, fusable, rescan
-from horovod_sparse.sparsify.selection import MagnitudeKeys
+from horovod_sparse.sparsify.selection import MagnitudeKeys, k_for
+from horovod_sparse.warmup import Warmup
 
 #: exchanges whose global selection may drop locally selected entries: the residual
 #: is cleared only at local ∩ global selected (Ok-Topk's rule), not at all local ones
@@ -84,6 +85,10 @@ class Sparsifier(Pipeline):
         :class:`~horovod_sparse.memory.MomentumCorrection` instead of error feedback.
     warmup_steps : number of first steps that send the whole accumulated buffer
         through a dense allreduce and clear the residual (Ok-Topk's warm-up).
+    ramp : after those, as many steps whose density falls geometrically from 1 to k / n
+        (:class:`~horovod_sparse.warmup.Warmup`, DGC's warm-up); only with the exchanges
+        whose count may vary ("allgather", "dsa"). A ramp step whose count reaches n / P
+        goes through the dense allreduce, which then sends fewer bytes.
     exchange_params : extra keyword parameters of the engine (e.g. oktopk's tau).
 
     Attributes: ``n``, ``k``, ``step_count``, ``residual`` (float32, length n; for
@@ -93,12 +98,15 @@ class Sparsifier(Pipeline):
     """
 
     def __init__(self, n, comm, rule, k, exchange="allgather", error_feedback=True, momentum=None,
-                 warmup_steps=0, exchange_params=None):
+                 warmup_steps=0, ramp=False, exchange_params=None):
         if exchange not in ALGORITHMS or exchange == "dense":
             raise ValueError(f"exchange must be one of {[a for a in ALGORITHMS if a != 'dense']}, "
                              f"got {exchange!r}")
+        if ramp and exchange in SELECTING_EXCHANGES:
+            raise ValueError(f"ramp: the {exchange!r} exchange selects a fixed count; use 'allgather' or 'dsa'")
         self.n, self.k, self.rule, self.exchange = int(n), int(k), rule, exchange
         self.warmup_steps = int(warmup_steps)
+        self.warmup = Warmup(self.warmup_steps, ramp=ramp)
         self.memory = (ErrorFeedback(self.n, error_feedback) if momentum is None
                        else MomentumCorrection(self.n, momentum))
         engine_k = max(1, self.k) if exchange in SELECTING_EXCHANGES else None
@@ -120,6 +128,21 @@ class Sparsifier(Pipeline):
     @property
     def velocity(self):
         return getattr(self.memory, "velocity", None)
+
+    def k_at(self, step):
+        """The count selected at ``step``: ``n`` while the warm-up is dense (or its ramp's count
+        reaches n / P), the ramp's count, then ``k``."""
+        phase = self.warmup.phase(step)
+        if phase == "dense":
+            return self.n
+        if phase == "steady" or self.n == 0:
+            return self.k
+        k = max(self.k, k_for(self.warmup.density(step, self.k / self.n), self.n))
+        return self.n if k * self.engine.size >= self.n else k
+
+    def regime(self):
+        """The warm-up's phase at the next step, in words (for reports)."""
+        return self.warmup.describe(self.step_count, self.k / self.n if self.n else 0.0)
 
     # ------------------------------------------------------------------- step
     def step_sparse(self, grad, tag=0, finite=True):
@@ -156,14 +179,15 @@ class Sparsifier(Pipeline):
         finite = finite and acc_finite
         rule_state = self.rule.state_dict()
         try:
-            warmup = self.step_count < self.warmup_steps  # the same engine on every rank, finite or not
+            k = self.k_at(self.step_count)
+            warmup = k == self.n and self.k < self.n  # the same engine on every rank, finite or not
             if not finite:  # nothing worth selecting: the header tells every rank to skip
                 local, method = namespace.arange(0, acc), "skipped"
                 engine = self.dense_engine if warmup else self.engine
             elif warmup:
                 local, method, engine = namespace.arange(self.n, acc), "dense", self.dense_engine
             else:
-                local, method = self.rule.select(acc, self._keys(acc, candidates), self.k,  # step 2
+                local, method = self.rule.select(acc, self._keys(acc, candidates), k,  # step 2
                                                  self.step_count, self.rank)
                 engine = self.engine
             sent = take(acc, local)                                     # step 3
@@ -206,6 +230,7 @@ class Sparsifier(Pipeline):
             return acc, all_finite(acc), None
         if self._candidate_scratch is None:
             self._candidate_scratch = CandidateScratch(self.n, self.k)
+
         return first_pass(self.memory, pieces, self.rule.candidate_floor(), self._candidate_scratch)
 
     def _accumulate(self, grad):

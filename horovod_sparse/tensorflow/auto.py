@@ -56,7 +56,7 @@ class TFAutoCompressor(HorovodCompressor):
     Args: as :class:`~horovod_sparse.torch.auto.TorchAutoCompressor` (``candidates``,
     ``dense_below``, the guard's ``min_density``, ``min_rank``, ``max_residual_ratio``, and
     ``profile_steps``, ``trial_steps``, ``max_trials``, ``prune``, ``drift``, ``check_every``,
-    ``nonfinite``: ``"propagate"`` or ``"raise"``, what a step whose gradient overflowed on some
+    ``warmup_steps``, ``nonfinite``: ``"propagate"`` or ``"raise"``, what a step whose gradient overflowed on some
     rank gives: NaN results, or the error, with no state of auto's changed either way).
 
     Gradients are keyed as in :class:`~horovod_sparse.tensorflow.TFCompressor` (the variable's

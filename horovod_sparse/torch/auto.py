@@ -74,6 +74,9 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
             are not tried.
         drift: relative change of the settled step time that makes it plan again.
         check_every: steps between the settled checks (guard and drift).
+        warmup_steps: steps at the start on a dense choice (fp16 where it is a candidate)
+            before profiling (:mod:`horovod_sparse.warmup`; default ``$HOROVOD_SPARSE_WARMUP_STEPS``,
+            else 100); ``auto_report()["phase"]`` is ``"warming"`` meanwhile.
         nonfinite: a step whose gradient holds inf or NaN on some rank (a loss scaler's
             overflow) changes no state of auto's on any rank; ``"propagate"`` (default) makes
             every out-of-band gradient's result NaN on every rank, so that the scaler skips the

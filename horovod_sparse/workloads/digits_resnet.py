@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torchvision.models import resnet18
 
 from horovod_sparse.workloads.digits_data import load
+from horovod_sparse.workloads.recipes import Recipe
 from horovod_sparse.workloads.sharding import shard_indices
 
 NAME = "digits_resnet"
@@ -33,6 +34,12 @@ DESCRIPTION = "torchvision's ResNet-18 on scikit-learn's digits at 3x32x32, cros
 #: images per rank and step in the step-time measurements
 BATCH = 32
 _EVAL_BATCH = 120
+#: what users train CNNs with (:mod:`.recipes`). Plain SGD without momentum at lr 0.02 (0.947
+#: accuracy after 20 steps at global batch 64, 0.983 after 60; 0.05: 0.611, 0.972): BatchNorm's
+#: running statistics, used in evaluation, lag a model that moves fast.
+RECIPE = "momentum"
+RECIPES = {"sgd": Recipe("sgd", lr=0.02),
+           "momentum": Recipe("momentum", lr=0.02, momentum=0.9, weight_decay=1e-4, warmup=0.1, decay="cosine")}
 
 
 def build_model(seed=0):

@@ -2,6 +2,7 @@
 hand-made records (made-up numbers), the driver's handling of a job that dies in a run, and the
 one-minute smoke mode end to end (real mpirun ranks)."""
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -40,12 +41,31 @@ def test_default_runs_are_horovods_ours_and_the_peers():
     assert tta.DEFAULT_COMPRESSORS[:2] == ("hvd-none", "hvd-fp16")
 
 
-def test_hyperparameters_prefer_the_arguments_then_the_workload():
+def test_the_recipe_is_the_workloads_own_unless_named():
+    from horovod_sparse.workloads import recipes
+
     class Workload:
-        LR = 0.5
-    assert tta.hyperparameters("stdlib_lm") == {"lr": 0.03, "momentum": 0.0}
-    assert tta.hyperparameters("stdlib_lm", Workload) == {"lr": 0.5, "momentum": 0.0}
-    assert tta.hyperparameters("stdlib_lm", Workload, lr=0.2, momentum=0.9) == {"lr": 0.2, "momentum": 0.9}
+        RECIPE = "adamw"
+        RECIPES = {"adamw": recipes.Recipe("adamw", lr=3e-4, weight_decay=0.1)}
+    assert recipes.recipe_for(Workload).lr == 3e-4
+    assert recipes.recipe_for(Workload, lr=1e-3).lr == 1e-3
+    assert recipes.recipe_for(Workload, "momentum") == recipes.RECIPES["momentum"]
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        recipes.recipe_for(Workload, "adam")
+    a = tta.parse_args(["--steps", "2", "--recipe", "momentum", "--model", "layers=4,d_model=256"])
+    assert (a.recipe, a.model) == ("momentum", {"layers": 4, "d_model": 256})
+    with pytest.raises(SystemExit):
+        tta.parse_args(["--steps", "2", "--model", "layers=four"])
+
+
+def test_warm_up_then_cosine_decay_to_zero():
+    from horovod_sparse.workloads.recipes import RECIPES
+    adamw = RECIPES["adamw"]
+    factors = [adamw.lr_factor(step, 200) for step in range(200)]
+    assert factors[:20] == [(s + 1) / 20 for s in range(20)]           # 10% linear warm-up
+    assert factors[20] == 1.0 and all(a > b for a, b in zip(factors[20:], factors[21:]))
+    assert factors[-1] == pytest.approx(0.5 * (1 + math.cos(math.pi * 179 / 180)))
+    assert RECIPES["sgd"].lr_factor(150, 200) == 1.0
 
 
 def test_the_peers_use_loopback_or_the_namespaces_own_interface():

@@ -27,6 +27,8 @@ CONFIGS = [
     ("topk", dict(density=0.02, exchange="gtopk")),
     ("topk", dict(density=0.02, exchange="dsa")),
     ("topk", dict(density=0.02, error_feedback=False)),
+    ("topk", dict(density=0.02, warmup_steps=2)),   # 2 dense steps, 2 of ramp (k 424, then 60): the
+    ("topk", dict(density=0.02, exchange="dsa", warmup_steps=2)),   # snapshot falls between them
     ("oktopk", dict(density=0.02)),
     ("oktopk", dict(density=0.02, tau=2, tau_prime=2, warmup_steps=1)),
     ("gtopk", dict(density=0.02)),
@@ -121,8 +123,8 @@ def test_steps_equal_the_oracle_and_resume_from_state_dict(config, comm, assert_
     exchange = exchange_of(compressor)
     error_feedback = getattr(compressor, "error_feedback", True)
     momentum = getattr(compressor, "momentum", None)
+    k_steady = compressor.k_for(N)
     warmup_steps = getattr(compressor, "warmup_steps", 0)
-    k = compressor.k_for(N)
     kind = "heavy" if name in ("gaussiank", "dgc") else "normal"
     grads = [gradient(N, step, RANK, kind) for step in range(STEPS)]
 
@@ -137,9 +139,15 @@ def test_steps_equal_the_oracle_and_resume_from_state_dict(config, comm, assert_
         if not error_feedback:
             acc = grads[step]
 
+        k = sparsifier.k_at(step)   # the warm-up's count: N while dense, then its ramp's, then k_steady
         out = sparsifier.step(grads[step], tag=0xABC)
         info = sparsifier.last
-        warmup = step < warmup_steps
+        warmup = info.method == "dense"
+        assert warmup == (step < warmup_steps)
+        ramps = name == "topk" and exchange in ("allgather", "dsa") and step < 2 * warmup_steps
+        assert k == (N if warmup else max(k_steady, math.ceil(compressor.density ** ((step - warmup_steps + 1)
+                                                                                    / warmup_steps) * N))
+                     if ramps else k_steady)
 
         def local_checks():
             assert out.dtype == np.float32 and out.shape == (N,)

@@ -31,7 +31,9 @@ def trainer(model, compression, groups):
 
 @pytest.mark.parametrize("groups", [None, 1])
 @pytest.mark.parametrize("spec", ["randomk:density=0.1", "topk:density=0.05", "qsgd:error_feedback=True",
-                                  "powersgd:rank=2"])
+                                  "powersgd:rank=2",
+                                  # saved in the middle of the warm-up's ramp, and at its first compressed step
+                                  "topk:density=0.05,warmup_steps=2", "powersgd:rank=2,warmup_steps=3"])
 def test_rank0_checkpoint_resumes_bit_for_bit(spec, groups, assert_identical_across_ranks):
     model = make_model()
     model(data(0)[0][:1])

@@ -28,7 +28,9 @@ def test_all_six_are_registered_fused_and_stateful():
 
 
 def test_defaults_and_params_round_trip_through_spec():
-    assert TopKCompressor().params == dict(density=0.01, error_feedback=True, exchange="allgather")
+    # the tests' conftest sets $HOROVOD_SPARSE_WARMUP_STEPS to 0 (test_the_warm_up_defaults...)
+    assert TopKCompressor().params == dict(density=0.01, error_feedback=True, exchange="allgather",
+                                           warmup_steps=0)
     assert OkTopKCompressor().params == dict(density=0.01, tau=64, tau_prime=32, warmup_steps=0,
                                              error_feedback=True)
     assert GaussianKCompressor().params == dict(density=0.01, error_feedback=True, exchange="allgather")
@@ -88,10 +90,24 @@ def test_oktopk_periods_are_positive_ints(param, value):
         horovod_sparse.create("oktopk", **{param: value})
 
 
+@pytest.mark.parametrize("name", ["topk", "oktopk", "powersgd"])
 @pytest.mark.parametrize("value", [-1, 1.0, "0", True, 2**31])
-def test_oktopk_warmup_steps_is_a_nonnegative_int(value):
+def test_warmup_steps_is_a_nonnegative_int(name, value):
     with pytest.raises(ValueError, match=r"warmup_steps must be an integer in \[0, 2147483647\]"):
-        horovod_sparse.create("oktopk", warmup_steps=value)
+        horovod_sparse.create(name, warmup_steps=value)
+
+
+@pytest.mark.parametrize("name", ["topk", "oktopk", "powersgd"])
+def test_the_warm_up_defaults_to_100_steps_or_the_environments(name, monkeypatch):
+    monkeypatch.delenv("HOROVOD_SPARSE_WARMUP_STEPS")
+    assert horovod_sparse.create(name).warmup_steps == 100
+    assert horovod_sparse.create(name, warmup_steps=7).warmup_steps == 7
+    assert horovod_sparse.registry.create_steady(name).warmup_steps == 0   # auto's candidates, benchmarks
+    monkeypatch.setenv("HOROVOD_SPARSE_WARMUP_STEPS", "250")
+    assert horovod_sparse.create(name).warmup_steps == 250
+    monkeypatch.setenv("HOROVOD_SPARSE_WARMUP_STEPS", "many")
+    with pytest.raises(ValueError, match="HOROVOD_SPARSE_WARMUP_STEPS must be an integer"):
+        horovod_sparse.create(name)
 
 
 @pytest.mark.parametrize("value", [0, -1e-3, math.inf, math.nan, "1e-3", True, None])

@@ -1,0 +1,117 @@
+"""The compression warm-up (horovod_sparse.warmup) behind the stock hvd.DistributedOptimizer.
+
+Per step, the step's decided compression: while dense, the result is the plain sum of the
+ranks' gradients (equal to Horovod's own allreduce); on a ramp step of top-k, the sum of
+every rank's top k_at(step) of its gradient + residual (a numpy oracle fed the local
+gradients); afterwards the steady compression. The regime is reported, the replicas stay
+bitwise identical, and a checkpoint taken at every step across the changes of regime
+resumes bit for bit. ``auto`` spends its warm-up on fp16 before it profiles.
+"""
+import horovod.torch as hvd
+import numpy as np
+import pytest
+import torch
+
+import horovod_sparse.torch as hvds
+
+from test_schedules import distributed, five_layers, flat, local_gradients, train_step
+
+WARMUP = 2
+STEPS = 2 * WARMUP + 2
+
+
+def compression_of(spec):
+    return hvds.Compression.from_spec(spec, dense_below=0)
+
+
+def top_k_oracle(acc, k):
+    """This rank's top k of acc by magnitude, ties to the lower index, densified."""
+    keep = np.zeros_like(acc)
+    order = np.lexsort((np.arange(acc.size), -np.abs(acc)))[:k]
+    keep[order] = acc[order]
+    return keep
+
+
+@pytest.mark.timeout(240)
+def test_top_k_steps_follow_the_warm_up_against_oracles(comm, assert_identical_across_ranks):
+    model = five_layers()
+    compression = compression_of(f"topk:density=0.05,warmup_steps={WARMUP}")
+    opt = distributed(model, compression)
+    names = [name for name, _ in model.named_parameters()]
+    reference = five_layers()   # Horovod's own dense, for the dense steps
+    dense_opt = distributed(reference, hvd.Compression.none)
+    residual, regimes, order = 0.0, [], sorted(names)   # the order is the layout's from step 1 on
+    for step in range(STEPS):
+        whole = compression.pipelines.get("whole_step")
+        if whole is not None:
+            order = [entry.key for entry in whole[0].entries]
+        regimes.append(compression.regime().get("whole_step"))
+        local = local_gradients(model, step)
+        acc = np.concatenate([local[name].ravel() for name in order]) + residual
+        k = acc.size if whole is None else whole[1].k_at(step)
+        kept = acc if k == acc.size else top_k_oracle(acc, k)
+        residual = acc - kept
+        expected = np.zeros_like(kept)
+        comm.Allreduce(kept, expected)
+        reduced = train_step(model, opt, step)
+        got = np.concatenate([reduced[name].ravel() for name in order])
+        np.testing.assert_allclose(got, expected / hvd.size(), rtol=1e-5, atol=1e-7)
+        dense = train_step(reference, dense_opt, step)
+        if step < WARMUP:   # the dense warm-up is Horovod's dense allreduce; bit for bit where 1/P is exact
+            exact = hvd.size() & (hvd.size() - 1) == 0
+            for name in names:
+                np.testing.assert_allclose(reduced[name], dense[name], rtol=0 if exact else 1e-4, atol=0 if exact else 1e-9)
+        assert_identical_across_ranks(flat(model))
+    n, pipeline = acc.size, compression.pipelines["whole_step"][1]
+    assert regimes[1] == f"warm-up: dense until step {WARMUP}"
+    assert regimes[WARMUP].startswith("warm-up: density") and regimes[-1] == "steady: density 0.05"
+    steady = int(np.ceil(0.05 * n))
+    assert [pipeline.k_at(s) for s in range(STEPS)] == \
+        [n] * WARMUP + [max(int(np.ceil(0.05 ** (i / WARMUP) * n)), steady) for i in (1, 2)] + [steady] * 2
+    compression.close()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", [f"topk:density=0.05,warmup_steps={WARMUP}",
+                                  f"oktopk:density=0.05,warmup_steps={WARMUP}",
+                                  f"powersgd:rank=1,warmup_steps={WARMUP}"])
+@pytest.mark.parametrize("save_at", range(1, STEPS))
+def test_a_checkpoint_across_the_change_of_regime_resumes_bit_for_bit(spec, save_at, assert_identical_across_ranks):
+    model, compression = five_layers(), compression_of(spec)
+    opt = distributed(model, compression)
+    for step in range(STEPS):
+        if step == save_at:
+            model_state = {k: v.clone() for k, v in model.state_dict().items()}
+            opt_state, saved = opt.state_dict(), compression.state_dict()
+        train_step(model, opt, step)
+    compression.close()
+
+    resumed, again = five_layers(), compression_of(spec)
+    resumed.load_state_dict(model_state)
+    opt = distributed(resumed, again)
+    opt.load_state_dict(opt_state)
+    again.load_state_dict(saved)
+    for step in range(save_at, STEPS):
+        train_step(resumed, opt, step)
+    again.close()
+    np.testing.assert_array_equal(flat(resumed), flat(model))
+    assert_identical_across_ranks(flat(resumed))
+
+
+@pytest.mark.timeout(240)
+def test_auto_warms_up_on_fp16_then_profiles(assert_identical_across_ranks):
+    model = five_layers()
+    compression = hvds.Compression.auto(dense_below=0, profile_steps=2, trial_steps=1, warmup_steps=WARMUP)
+    opt = distributed(model, compression)
+    phases, plans = [], []
+    for step in range(WARMUP + 3):
+        train_step(model, opt, step)
+        phases.append(compression.auto_report["phase"])
+        plans.append(set(compression.plan.values()))
+    assert phases[:WARMUP - 1] == ["warming"] * (WARMUP - 1) and plans[0] == {"fp16"}
+    assert phases[WARMUP - 1] == "profiling" and plans[WARMUP] == {"topk:density=0.01"}
+    assert compression.auto_report["warmup_steps"] == WARMUP
+    state = compression.state_dict()
+    assert state["auto"]["steps"] == WARMUP + 3
+    assert_identical_across_ranks(flat(model))
+    compression.close()
