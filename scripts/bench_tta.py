@@ -85,6 +85,9 @@ def build_parser():
     p.add_argument("--data", default="docs/accuracy.jsonl",
                    help="where the records are kept for the doc (copied from --out after the run)")
     p.add_argument("--md", default="docs/accuracy.md", help="doc whose tta block is regenerated")
+    p.add_argument("--block", default=BLOCK,
+                   help="the generated block of --md to write (default %(default)s; another block's plots "
+                        "are named after it too)")
     p.add_argument("--report", nargs="?", const="", default=None, metavar="MD",
                    help="run nothing: regenerate MD (default --md) and its plots from --data")
     p.add_argument("--no-doc", action="store_true", help="run and keep --out only; leave docs/ alone")
@@ -411,17 +414,18 @@ def plot(rs, target, path, title):
     plt.close(fig)
 
 
-def write_report(recs, md, targets=None, tolerance=0.0):
-    """The tta block of ``md`` and one plot per group beside it; returns the plot paths."""
+def write_report(recs, md, targets=None, tolerance=0.0, block=BLOCK):
+    """The ``block`` of ``md`` and one plot per group beside it; returns the plot paths. The
+    plots are named after the page, and after the block too where it is not the tta block."""
     folder = os.path.dirname(os.path.abspath(md))
-    page = os.path.splitext(os.path.basename(md))[0]
+    page = os.path.splitext(os.path.basename(md))[0] + ("" if block == BLOCK else f"_{block}")
     os.makedirs(folder, exist_ok=True)
     pngs = []
     for (workload, link, np_), rs in groups(recs).items():
         target, _ = target_of(rs, workload, targets or {}, tolerance)
         pngs.append(os.path.join(folder, png_name(workload, link, np_, page)))
         plot(rs, target, pngs[-1], f"{workload}, {link}, P = {np_}")
-    replace_block(md, BLOCK, markdown(recs, targets, png_dir="", tolerance=tolerance, page=page),
+    replace_block(md, block, markdown(recs, targets, png_dir="", tolerance=tolerance, page=page),
                   heading="## Results\n")
     return pngs
 
@@ -431,7 +435,7 @@ def report(a):
         print(f"[bench_tta] no records in {a.data}", flush=True)
         return 1
     recs = load([a.data])
-    pngs = write_report(recs, a.md, a.targets, a.tolerance)
+    pngs = write_report(recs, a.md, a.targets, a.tolerance, a.block)
     print(f"[bench_tta] {len(recs)} records from {a.data} -> {a.md}, {len(pngs)} plots", flush=True)
     return 0
 

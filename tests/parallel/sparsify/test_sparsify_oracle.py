@@ -29,6 +29,7 @@ CONFIGS = [
     ("topk", dict(density=0.02, error_feedback=False)),
     ("topk", dict(density=0.02, warmup_steps=2)),   # 2 dense steps, 2 of ramp (k 424, then 60): the
     ("topk", dict(density=0.02, exchange="dsa", warmup_steps=2)),   # snapshot falls between them
+    ("topk", dict(density=0.2, warmup_steps=2)),   # the ramp's first step goes dense from P = 3 (k P >= N)
     ("oktopk", dict(density=0.02)),
     ("oktopk", dict(density=0.02, tau=2, tau_prime=2, warmup_steps=1)),
     ("gtopk", dict(density=0.02)),
@@ -143,11 +144,11 @@ def test_steps_equal_the_oracle_and_resume_from_state_dict(config, comm, assert_
         out = sparsifier.step(grads[step], tag=0xABC)
         info = sparsifier.last
         warmup = info.method == "dense"
-        assert warmup == (step < warmup_steps)
+        assert warmup == (k == N)
         ramps = name == "topk" and exchange in ("allgather", "dsa") and step < 2 * warmup_steps
-        assert k == (N if warmup else max(k_steady, math.ceil(compressor.density ** ((step - warmup_steps + 1)
-                                                                                    / warmup_steps) * N))
-                     if ramps else k_steady)
+        ramp_k = max(k_steady, math.ceil(compressor.density ** ((step - warmup_steps + 1) / warmup_steps) * N)) \
+            if ramps else k_steady
+        assert k == (N if step < warmup_steps or ramp_k * SIZE >= N else ramp_k)
 
         def local_checks():
             assert out.dtype == np.float32 and out.shape == (N,)
