@@ -59,6 +59,13 @@ from horovod_sparse.warmup import warmup_steps as checked_warmup
 log = logging.getLogger("horovod_sparse.auto")
 #: per-element fields holding error feedback's residual (gradient mass not yet applied)
 RESIDUAL_FIELDS = ("memory_residual", "residual")
+#: optimizers whose step per coordinate comes from that coordinate's own gradient history (Adam's
+#: family): error feedback hands them a coordinate's gradient in rare bursts, which they under-apply
+#: (docs/accuracy.md: top-k 0.01 ends 5.7%, PowerSGD 17% worse than dense under AdamW, warm-up included)
+ADAPTIVE_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop",
+                                 "SparseAdam", "Adafactor", "LAMB", "Lamb", "FusedAdam", "FusedLAMB"})
+#: the candidates auto keeps under an adaptive optimizer: those that end within 1% of dense there
+KEPT_UNDER_ADAPTIVE = (NONE, FP16)
 #: default bound of the quality guard: residual norm / gradient norm (measured in docs/auto.md:
 #: top-k at 0.01 stays under 19 on both workloads, PowerSGD at rank 2 on ResNet-18 passes 30)
 DEFAULT_MAX_RESIDUAL_RATIO = 30.0
@@ -119,11 +126,33 @@ class AutoRuntime:
         self._baseline = None  # settled: the first window's median (slowest rank)
         self._settled_steps = 0
         self.steps = 0         # steps ended (the report's step numbers)
+        self.optimizer = None  # the optimizer's class name, once the frontend knows it (the guard's input)
+
+    @property
+    def allowed(self):
+        """The candidates auto may choose: all of them, or under an adaptive optimizer those of
+        :data:`KEPT_UNDER_ADAPTIVE` (the quality guard, :meth:`guard_optimizer`)."""
+        if self.optimizer in ADAPTIVE_OPTIMIZERS:
+            return tuple(c for c in self.candidates if c in KEPT_UNDER_ADAPTIVE)
+        return self.candidates
+
+    def guard_optimizer(self, optimizer):
+        """The frontend found the optimizer (its class, or any base class, by name; the same on
+        every rank): under one of :data:`ADAPTIVE_OPTIMIZERS` auto keeps to the candidates that keep
+        its quality, and says so in ``report["optimizer_guard"]``."""
+        names = [cls.__name__ for cls in type(optimizer).__mro__]
+        adaptive = next((n for n in names if n in ADAPTIVE_OPTIMIZERS), None)
+        self.optimizer = adaptive or names[0]
+        if adaptive and self.allowed != self.candidates:
+            self.report["optimizer_guard"] = {
+                "optimizer": adaptive, "kept": list(self.allowed),
+                "why": f"under {adaptive} the error-feedback compressors cost quality (top-k 0.01: +5.7%, "
+                       "PowerSGD: +17% bits per byte after 1000 steps, docs/accuracy.md)"}
 
     @property
     def profiling_choice(self):
-        """What a gradient gets before the plan: the first out-of-band candidate, else fp16."""
-        return next(iter(self.algorithms), self.warming_choice)
+        """What a gradient gets before the plan: the first allowed out-of-band candidate, else fp16."""
+        return next((spec for spec in self.algorithms if spec in self.allowed), self.warming_choice)
 
     @property
     def warming_choice(self):
@@ -240,7 +269,7 @@ class AutoRuntime:
             order, compute, tail = self.trace.backward_trace(known)
             profile = StepProfile(tuple(order), tuple(sizes[k] for k in order), tuple(compute), tail,
                                   overlap=self.overlaps())
-            plans = make_plans(profile, costs, self.candidates, self.dense_below)
+            plans = make_plans(profile, costs, self.allowed, self.dense_below)
             shortlisted = shortlist(plans, profile, costs, self.prune, self.max_trials,
                                     carried_by_horovod=self.carried == "horovod")
             self.report["backward_s"] = profile.backward_end

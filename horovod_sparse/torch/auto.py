@@ -139,6 +139,8 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
             self._start_step()
         name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
         self._optimizer.check(optimizer)
+        if self.optimizer is None and optimizer is not None:
+            self.guard_optimizer(optimizer)
         key = self._position if name is None else name
         self._position += 1
         if not tensor.dtype.is_floating_point:
