@@ -235,3 +235,21 @@ def test_bad_parameters_fail_at_construction():
         with pytest.raises(ValueError, match=name):
             hvds.Compression.auto(**kwargs)
     assert isinstance(hvds.Compression.from_spec("auto"), hvds.TFAutoCompressor)
+
+
+def test_auto_warms_up_on_fp16_before_it_profiles(assert_identical_across_ranks):
+    """The warming phase (horovod_sparse.warmup): fp16 for every planned gradient for warmup_steps
+    steps, then the first out-of-band candidate while profiling; the count survives a state_dict."""
+    model = make_model()
+    compression = auto(warmup_steps=2)
+    step, _ = trainer(model, compression)
+    phases, choices = [], []
+    for i in range(5):
+        step(*batch(i))
+        phases.append(compression.auto_report["phase"])
+        choices.append({c for k, c in compression.plan.items() if "kernel" in k})
+    # the host call ends a step at the next one's first exchange: the phase shows a step late
+    assert phases[:2] == ["warming"] * 2 and choices[0] == {"fp16"}
+    assert phases[2] in ("profiling", "trying") and choices[3] != {"fp16"}
+    assert compression.state_dict()["auto"]["steps"] >= 4
+    assert_identical_across_ranks(flat(model))
