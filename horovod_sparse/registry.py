@@ -72,16 +72,23 @@ def create(spec, **params):
 def create_steady(spec, **params):
     """:func:`create`, with no warm-up (:mod:`horovod_sparse.warmup`) unless the spec or
     ``params`` name one: the steady step, which ``auto``'s candidates run (auto has its own
-    warm-up) and which the step-time benchmarks measure.
+    warm-up) and which the step-time measurements time.
 
     >>> create_steady("topk:density=0.01").params["warmup_steps"]
     0
     """
+    name, merged = steady_spec(spec, **params)
+    return create(name, **merged)
+
+
+def steady_spec(spec, **params):
+    """``(name, params)`` of :func:`create_steady`: the spec's parameters, ``params``, and
+    ``warmup_steps=0`` where the compressor has a warm-up and neither names it."""
     name, merged = parse_spec(spec)
     merged.update(params)
-    if "warmup_steps" in inspect.signature(get(name).__init__).parameters:
+    if name in COMPRESSORS and "warmup_steps" in inspect.signature(get(name).__init__).parameters:
         merged.setdefault("warmup_steps", 0)
-    return create(name, **merged)
+    return name, merged
 
 
 def parse_spec(spec):

@@ -228,7 +228,9 @@ def _horovod_compressor(spec):
     if spec in HOROVOD_NAMES:
         return getattr(hvd.Compression, HOROVOD_NAMES[spec])
     import horovod_sparse.torch as hvds
-    return hvds.Compression.from_spec(spec)
+    from horovod_sparse.registry import steady_spec
+    name, params = steady_spec(spec)   # the steady step is what the profile times, not a warm-up's dense ones
+    return hvds.Compression.from_spec(name, **params)
 
 
 def _sent_fraction(compression):
