@@ -64,8 +64,24 @@ RESIDUAL_FIELDS = ("memory_residual", "residual")
 #: (docs/accuracy.md: top-k 0.01 ends 5.7%, PowerSGD 17% worse than dense under AdamW, warm-up included)
 ADAPTIVE_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop",
                                  "SparseAdam", "Adafactor", "LAMB", "Lamb", "FusedAdam", "FusedLAMB"})
-#: the candidates auto keeps under an adaptive optimizer: those that end within 1% of dense there
-KEPT_UNDER_ADAPTIVE = (NONE, FP16)
+#: the fewest quantization levels a quantizer with error feedback needs to keep AdamW's quality
+#: (qsgd at 127 levels, 8 bits, ended level with dense after 1000 steps, docs/accuracy.md)
+ADAPTIVE_MIN_LEVELS = 127
+
+
+def keeps_quality_under_adaptive(spec):
+    """Whether candidate ``spec`` ends within 1% of dense under an adaptive optimizer, as measured:
+    the dense choices, and quantizers with error feedback at :data:`ADAPTIVE_MIN_LEVELS` levels
+    or more (``"qsgd:levels=127,error_feedback=true"``).
+
+    >>> [keeps_quality_under_adaptive(s) for s in ("fp16", "topk:density=0.01", "qsgd:levels=127,error_feedback=true")]
+    [True, False, True]
+    """
+    if spec in DENSE_CHOICES:
+        return True
+    algorithm = registry.create_steady(spec)
+    return (getattr(algorithm, "levels", 0) >= ADAPTIVE_MIN_LEVELS
+            and getattr(algorithm, "error_feedback", False) is True)
 #: default bound of the quality guard: residual norm / gradient norm (measured in docs/auto.md:
 #: top-k at 0.01 stays under 19 on both workloads, PowerSGD at rank 2 on ResNet-18 passes 30)
 DEFAULT_MAX_RESIDUAL_RATIO = 30.0
@@ -127,14 +143,13 @@ class AutoRuntime:
         self._settled_steps = 0
         self.steps = 0         # steps ended (the report's step numbers)
         self.optimizer = None  # the optimizer's class name, once the frontend knows it (the guard's input)
+        self._allowed = self.candidates
 
     @property
     def allowed(self):
-        """The candidates auto may choose: all of them, or under an adaptive optimizer those of
-        :data:`KEPT_UNDER_ADAPTIVE` (the quality guard, :meth:`guard_optimizer`)."""
-        if self.optimizer in ADAPTIVE_OPTIMIZERS:
-            return tuple(c for c in self.candidates if c in KEPT_UNDER_ADAPTIVE)
-        return self.candidates
+        """The candidates auto may choose: all of them, or under an adaptive optimizer those that
+        keep its quality (:func:`keeps_quality_under_adaptive`; the guard, :meth:`guard_optimizer`)."""
+        return self._allowed
 
     def guard_optimizer(self, optimizer):
         """The frontend found the optimizer (its class, or any base class, by name; the same on
@@ -143,11 +158,14 @@ class AutoRuntime:
         names = [cls.__name__ for cls in type(optimizer).__mro__]
         adaptive = next((n for n in names if n in ADAPTIVE_OPTIMIZERS), None)
         self.optimizer = adaptive or names[0]
-        if adaptive and self.allowed != self.candidates:
+        if adaptive:
+            self._allowed = tuple(c for c in self.candidates if keeps_quality_under_adaptive(c))
+        if self._allowed != self.candidates:
             self.report["optimizer_guard"] = {
                 "optimizer": adaptive, "kept": list(self.allowed),
-                "why": f"under {adaptive} the error-feedback compressors cost quality (top-k 0.01: +5.7%, "
-                       "PowerSGD: +17% bits per byte after 1000 steps, docs/accuracy.md)"}
+                "why": f"under {adaptive} sparsifiers and low rank cost quality (top-k 0.01: +5.7%, "
+                       "PowerSGD: +17% bits per byte after 1000 steps, docs/accuracy.md); fp16 and 8-bit "
+                       "quantizers with error feedback keep it"}
 
     @property
     def profiling_choice(self):
