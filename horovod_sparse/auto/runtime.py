@@ -67,6 +67,9 @@ ADAPTIVE_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "A
 #: the fewest quantization levels a quantizer with error feedback needs to keep AdamW's quality
 #: (qsgd at 127 levels, 8 bits, ended level with dense after 1000 steps, docs/accuracy.md)
 ADAPTIVE_MIN_LEVELS = 127
+#: default bound of the quality guard: residual norm / gradient norm (measured in docs/auto.md:
+#: top-k at 0.01 stays under 19 on both workloads, PowerSGD at rank 2 on ResNet-18 passes 30)
+DEFAULT_MAX_RESIDUAL_RATIO = 30.0
 
 
 def keeps_quality_under_adaptive(spec):
@@ -82,9 +85,6 @@ def keeps_quality_under_adaptive(spec):
     algorithm = registry.create_steady(spec)
     return (getattr(algorithm, "levels", 0) >= ADAPTIVE_MIN_LEVELS
             and getattr(algorithm, "error_feedback", False) is True)
-#: default bound of the quality guard: residual norm / gradient norm (measured in docs/auto.md:
-#: top-k at 0.01 stays under 19 on both workloads, PowerSGD at rank 2 on ResNet-18 passes 30)
-DEFAULT_MAX_RESIDUAL_RATIO = 30.0
 
 
 class AutoRuntime:
@@ -94,7 +94,7 @@ class AutoRuntime:
 
     Attributes:
         plan: ``{gradient key: choice}`` in effect, the same on every rank.
-        phase: ``"profiling"``, ``"trying"`` or ``"settled"``.
+        phase: ``"warming"``, ``"profiling"``, ``"trying"`` or ``"settled"``.
         report: what was measured, predicted and chosen (the frontends' ``auto_report``).
         algorithms: ``{spec: algorithm}`` of the out-of-band candidates, in their order.
     """
@@ -143,13 +143,9 @@ class AutoRuntime:
         self._settled_steps = 0
         self.steps = 0         # steps ended (the report's step numbers)
         self.optimizer = None  # the optimizer's class name, once the frontend knows it (the guard's input)
-        self._allowed = self.candidates
-
-    @property
-    def allowed(self):
-        """The candidates auto may choose: all of them, or under an adaptive optimizer those that
-        keep its quality (:func:`keeps_quality_under_adaptive`; the guard, :meth:`guard_optimizer`)."""
-        return self._allowed
+        # the candidates auto may choose: all, or under an adaptive optimizer those that keep its
+        # quality (:func:`keeps_quality_under_adaptive`, set by :meth:`guard_optimizer`)
+        self.allowed = self.candidates
 
     def guard_optimizer(self, optimizer):
         """The frontend found the optimizer (its class, or any base class, by name; the same on
@@ -159,8 +155,8 @@ class AutoRuntime:
         adaptive = next((n for n in names if n in ADAPTIVE_OPTIMIZERS), None)
         self.optimizer = adaptive or names[0]
         if adaptive:
-            self._allowed = tuple(c for c in self.candidates if keeps_quality_under_adaptive(c))
-        if self._allowed != self.candidates:
+            self.allowed = tuple(c for c in self.candidates if keeps_quality_under_adaptive(c))
+        if self.allowed != self.candidates:
             self.report["optimizer_guard"] = {
                 "optimizer": adaptive, "kept": list(self.allowed),
                 "why": f"under {adaptive} sparsifiers and low rank cost quality (top-k 0.01: +5.7%, "

@@ -17,14 +17,11 @@ et al., ICLR'18; TopkA / TopkDSA (SparCML, Renggli et al., SC'19).
 """
 
 from horovod_sparse.compressors.base import (OutOfBandCompressor, check_bool, check_choice, check_fraction,
-                                             check_positive_int,
-                                             check_positive_number, check_unit_interval)
+                                             check_positive_int, check_positive_number, check_unit_interval)
 from horovod_sparse.sparsify import selection
 from horovod_sparse.sparsify.selection import k_for
 from horovod_sparse.sparsify.sparsifier import Sparsifier
 from horovod_sparse.warmup import warmup_steps as checked_warmup
-
-#: how the warm-up reads in the compressors' docstrings
 
 #: exchanges a compressor with an exact top-k selection can use
 TOPK_EXCHANGES = ("allgather", "oktopk", "gtopk", "dsa")

@@ -82,7 +82,6 @@ from horovod_sparse.ops import cpu, host, namespace, views
 from horovod_sparse.ops.cpu import lowrank as cpu_lowrank
 from horovod_sparse.ops.pieces import as_piece, is_pieces
 from horovod_sparse.pipeline import Pipeline, saved_array
-
 from horovod_sparse.warmup import Warmup
 
 from .accumulate import accumulate
@@ -204,6 +203,7 @@ class PowerSGDPipeline(Pipeline):
                  min_compression_rate=2.0, warmup_steps=0):
         self.n = check_int("n", n, 0)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, 0, 2 ** 31 - 1)
+        self.warmup = Warmup(self.warmup_steps, ramp=False)  # dense steps only: the factors have no density
         self.approx_rank = check_int("rank", rank, 1, 2 ** 31 - 1)
         self.error_feedback = check_bool("error_feedback", error_feedback)
         self.warm_start = check_bool("warm_start", warm_start)
@@ -322,7 +322,7 @@ class PowerSGDPipeline(Pipeline):
         acc, acc_finite = self._accumulate(grad)                                    # step 1
         fused = acc is not None and self._fused_on(acc)
         call, self._calls = self._calls, self._calls + 1  # on every rank, also when rejected
-        dense = self.step_count < self.warmup_steps
+        dense = self.warmup.phase(self.step_count) == "dense"
         try:
             agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
                        error_code=code, error_detail=detail, k=self.approx_rank,
@@ -393,7 +393,7 @@ class PowerSGDPipeline(Pipeline):
 
     def regime(self):
         """The warm-up's phase at the next step, in words (for reports)."""
-        return Warmup(self.warmup_steps, ramp=False).describe(self.step_count, f"rank {self.approx_rank}")
+        return self.warmup.describe(self.step_count, f"rank {self.approx_rank}")
 
     def _dense_step(self, acc, before):
         """A warm-up step (PyTorch's ``start_powerSGD_iter``): acc summed whole by one Allreduce,

@@ -230,7 +230,6 @@ class Sparsifier(Pipeline):
             return acc, all_finite(acc), None
         if self._candidate_scratch is None:
             self._candidate_scratch = CandidateScratch(self.n, self.k)
-
         return first_pass(self.memory, pieces, self.rule.candidate_floor(), self._candidate_scratch)
 
     def _accumulate(self, grad):
