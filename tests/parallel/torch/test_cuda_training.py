@@ -11,9 +11,10 @@ parameter name in sorted order; after the last step the replicas' parameters mus
 identical on every rank.
 
 The ``cuda`` case runs where ``torch.cuda.is_available()`` and Horovod was built with CUDA
-(``hvd.cuda_built()``): a Horovod built without it (the CPU build of
-scripts/build_horovod.sh) refuses CUDA tensors in its own allreduce ("Requested ReadyEvent with
-GPU device but not compiled with CUDA"), so the case is skipped there with that reason. The
+(``hvd.cuda_built()``): a Horovod built without it (the CPU build of scripts/build_horovod.sh)
+refuses CUDA tensors in its own allreduce ("Requested ReadyEvent with GPU device but not
+compiled with CUDA"), so the case is skipped there with that reason. A Horovod with NCCL needs
+a GPU per rank (NCCL refuses two ranks on one GPU), so on one GPU the case is skipped too. The
 ``cpu`` case runs the same body everywhere, so the test is proven on a machine without a GPU.
 Tolerances: topk, qsgd and dense compute numpy's bits on any device (docs/sparsifiers.md,
 docs/quantizers.md), so their result equals the oracle's at every step within 1e-6 (relative,
@@ -45,6 +46,9 @@ def _cuda_reason():
     if not hvd.cuda_built():
         return ("Horovod was built without CUDA (hvd.cuda_built() is False): its allreduce refuses CUDA "
                 "tensors; build it with HOROVOD_GPU=CUDA (scripts/cuda_check.sh, CUDA_CHECK_BUILD_HOROVOD=1)")
+    if hvd.nccl_built() and torch.cuda.device_count() < hvd.local_size():
+        return (f"{hvd.local_size()} ranks on this node and {torch.cuda.device_count()} GPU(s): Horovod's NCCL "
+                "refuses two ranks on one GPU (ncclCommInitRank: invalid usage, seen on one H100)")
     return None
 
 
