@@ -12,8 +12,9 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
 .PHONY: install test demo clean
 
+# one line per step (full output in results/install.log); V=1 or VERBOSE=1 streams everything
 install:
-	@bash scripts/install.sh
+	@VERBOSE=$(or $(V),$(VERBOSE)) bash scripts/install.sh
 
 test: install
 	$(PYTHON) scripts/run_tests.py

@@ -9,6 +9,7 @@
 # The wheel is cached outside the repo, keyed by the Horovod, torch and TensorFlow versions,
 # so later installs (and fresh clones on the same machine) skip the ~8 minute build.
 # Usage: scripts/build_horovod.sh   (uses .venv/bin/python; all logs go to stderr)
+#        scripts/build_horovod.sh --cached   only prints the cached wheel's path; fails when there is none
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/versions.sh
@@ -19,6 +20,7 @@ if ls "$cache"/horovod-*.whl >/dev/null 2>&1; then
     ls "$cache"/horovod-*.whl | head -n1
     exit 0
 fi
+[ "${1-}" != --cached ] || exit 1
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -8,78 +8,102 @@
 #   5. this package in editable mode,
 # then checks that `horovodrun --check-build` lists MPI, PyTorch and TensorFlow.
 # A second run with a warm cache takes seconds.
+# It prints one line per step with its time; the full output of every step goes to
+# results/install.log, and a failing step's output is shown in full (scripts/install_steps.sh).
+# VERBOSE=1 (make install V=1) streams everything as it runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/versions.sh
-
-log() { printf '\033[1m[install]\033[0m %s\n' "$*"; }
+source scripts/install_steps.sh
+PY=.venv/bin/python
+steps_begin
 
 # -- 1. Open MPI -------------------------------------------------------------
-if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
+have_mpi() { command -v mpirun && command -v mpicc; }
+install_mpi() {
     if [ "$(id -u)" -ne 0 ]; then
-        echo "error: Open MPI is missing and this is not root." >&2
-        echo "       install it first:  sudo apt-get install -y openmpi-bin libopenmpi-dev" >&2
-        exit 1
+        echo "error: Open MPI is missing and this is not root."
+        echo "       install it first:  sudo apt-get install -y openmpi-bin libopenmpi-dev"
+        return 1
     fi
-    log "installing Open MPI (openmpi-bin libopenmpi-dev)"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
-fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev
+}
+step "Open MPI" --skip-if have_mpi install_mpi
 
 # -- 2. virtualenv -----------------------------------------------------------
-if [ ! -x .venv/bin/python ]; then
-    log "creating .venv"
-    python3 -m venv .venv
-fi
-PY=.venv/bin/python
+have_venv() { [ -x .venv/bin/python ]; }
+step "virtualenv .venv" --skip-if have_venv python3 -m venv .venv
+
 stamp=.venv/.deps-$(printf '%s' "$TORCH_VERSION $TF_VERSION $TF_KERAS_VERSION $MPI4PY_VERSION $NUMBA_VERSION $(cat requirements-dev.txt)" | sha1sum | cut -c1-12)
-if [ ! -f "$stamp" ]; then
-    log "installing pinned dependencies into .venv"
+have_deps() { [ -f "$stamp" ]; }
+install_deps() {
     $PY -m pip install -q --upgrade pip setuptools wheel
     $PY -m pip install -q "torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" \
         "tf-keras==$TF_KERAS_VERSION" "mpi4py==$MPI4PY_VERSION" \
         "numba==$NUMBA_VERSION" -r requirements-dev.txt
     touch "$stamp"
-fi
+}
+label="pinned dependencies into .venv"
+have_deps || label+=" (torch, TensorFlow, ...: several minutes)"
+step "$label" --skip-if have_deps install_deps
 
 # -- 3. Horovod --------------------------------------------------------------
-if ! $PY -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null; then
+have_horovod() { $PY -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')"; }
+install_horovod() {
+    local wheel
     wheel=$(scripts/build_horovod.sh)
-    log "installing $wheel"
-    $PY -m pip install -q --no-deps --force-reinstall "$wheel"
+    echo "installing $wheel"
+    # its dependencies first: a run that fails after the wheel would find Horovod "present"
     $PY -m pip install -q cloudpickle psutil pyyaml packaging
+    $PY -m pip install -q --no-deps --force-reinstall "$wheel"
+}
+label="Horovod $HOROVOD_VERSION"
+if ! have_horovod 2>/dev/null; then
+    if scripts/build_horovod.sh --cached >/dev/null; then label+=" (cached wheel)"
+    else label+=" (building the wheel: about 8 minutes)"; fi
 fi
+step "$label" --skip-if have_horovod install_horovod
 
 # -- 4. torchvision ----------------------------------------------------------
 # (the metadata check is the stamp: no torch import, so a second run stays fast)
 tv_want=$TORCHVISION_VERSION+noops
-if ! $PY -c "import importlib.metadata as m, sys; sys.exit(m.version('torchvision') != '$tv_want')" 2>/dev/null; then
+have_torchvision() { $PY -c "import importlib.metadata as m, sys; sys.exit(m.version('torchvision') != '$tv_want')"; }
+install_torchvision() {
+    local wheel
     wheel=$(scripts/build_torchvision.sh)
-    log "installing $wheel"
+    echo "installing $wheel"
     # its dependencies (torch==$TORCH_VERSION, numpy, pillow) are already here: torch's +cpu build satisfies ==
     $PY -m pip install -q "$wheel"
-fi
+}
+step "torchvision $tv_want" --skip-if have_torchvision install_torchvision
 
 # -- 5. this package ---------------------------------------------------------
 # (checked from / so that the checkout itself on sys.path does not count as installed;
 # setup.py's hash in the stamp reinstalls when its entry points or package data change)
 pkg_stamp=.venv/.pkg-$(sha1sum setup.py | cut -c1-12)
-if [ ! -f "$pkg_stamp" ] || ! (cd / && "$OLDPWD/$PY" -c "import horovod_sparse") 2>/dev/null; then
-    log "installing horovod_sparse (editable)"
+have_package() { [ -f "$pkg_stamp" ] && (cd / && "$OLDPWD/$PY" -c "import horovod_sparse"); }
+install_package() {
     $PY -m pip install -q --no-deps --no-build-isolation -e .
     rm -f .venv/.pkg-*
     touch "$pkg_stamp"
-fi
+}
+step "horovod_sparse (editable)" --skip-if have_package install_package
 
-# -- check -------------------------------------------------------------------
-check=$(.venv/bin/horovodrun --check-build)
-for want in "\[X\] MPI" "\[X\] PyTorch" "\[X\] TensorFlow"; do
-    if ! grep -q "$want" <<<"$check"; then
-        echo "$check" >&2
-        echo "error: horovodrun --check-build does not list ${want//\\/} as available" >&2
-        exit 1
-    fi
-done
-$PY -c "import torchvision.models; torchvision.models.resnet18(num_classes=10)" || {
-    echo "error: torchvision does not import with this torch" >&2; exit 1; }
-log "ok: Horovod $HOROVOD_VERSION with MPI, PyTorch and TensorFlow, torchvision $tv_want in .venv"
+# -- checks ------------------------------------------------------------------
+check_build() {
+    local check want
+    check=$(.venv/bin/horovodrun --check-build)
+    echo "$check"
+    for want in MPI PyTorch TensorFlow; do
+        grep -q "\[X\] $want" <<<"$check" || {
+            echo "error: horovodrun --check-build does not list $want as available"; return 1; }
+    done
+}
+step "horovodrun --check-build lists MPI, PyTorch, TensorFlow" check_build
+check_torchvision() {
+    $PY -c "import torchvision.models; torchvision.models.resnet18(num_classes=10)" || {
+        echo "error: torchvision does not import with this torch"; return 1; }
+}
+step "torchvision imports, builds a ResNet-18" check_torchvision
+steps_end "ok: Horovod $HOROVOD_VERSION with MPI, PyTorch and TensorFlow, torchvision $tv_want in .venv"
