@@ -6,6 +6,7 @@
     horovod-sparse whatif netai:vgg16 --ratio 1 2 5 10 50 100 --workers 16 32 64 \\
         --bandwidth 1 10 25 40 100 --rule netai --no-latency --no-codec-cost   # the paper's model
     horovod-sparse bench --links loopback 1gbit --models mlp5   # scripts/bench_step.py's flags
+    mpirun -np 2 --bind-to none --mca mpi_yield_when_idle 1 horovod-sparse doctor   # check a launch
 
 Bad arguments exit with code 2 and a message saying what is wrong (argparse's convention).
 Same as ``python -m horovod_sparse.cli``.
@@ -46,8 +47,9 @@ def build_parser():
     from horovod_sparse.whatif.profile import DEFAULT_COMPRESSORS
 
     p = argparse.ArgumentParser(prog=PROG, description="Gradient compressors for Horovod: list them, "
-                                "profile a model, predict whether compression pays, run the step benchmark.")
-    sub = p.add_subparsers(dest="command", metavar="{list,profile,whatif,bench}")
+                                "profile a model, predict whether compression pays, run the step benchmark, "
+                                "check a launch.")
+    sub = p.add_subparsers(dest="command", metavar="{list,profile,whatif,bench,doctor}")
     sub.required = True
 
     sub.add_parser("list", help="the compressors, their parameters and defaults")
@@ -118,6 +120,15 @@ def build_parser():
 
     sub.add_parser("bench", help="run the step benchmark (scripts/bench_step.py; flags passed through)",
                    add_help=False)
+
+    from horovod_sparse import doctor
+    dr = sub.add_parser("doctor", help="check a launch (run it under mpirun or horovodrun like the job)",
+                        description="Run under mpirun or horovodrun the way the training job will run: "
+                        "checks that mpi4py's world is Horovod's, the MPI library and Horovod's build, "
+                        "CUDA, the versions, ranks against cores (mpi_yield_when_idle), threads, and "
+                        "measures the link between the ranks. Rank 0 prints OK/WARN/FAIL per check with "
+                        "the fix; every rank exits 0 when the launch is sound, 1 otherwise.")
+    doctor.add_arguments(dr, _positive_int, _positive_float)
     return p
 
 
@@ -137,10 +148,21 @@ def cmd_list(_args, out):
             rows.append(("dense:...", "out_of_band", " ".join(params + ["schedule='after_backward'"]), doc))
             continue
         rows.append((name, wire.carrier(name), " ".join(params), doc))
+    rows.append(_auto_row())
     width = max(len(r[0]) for r in rows)
     for name, carrier, params, doc in rows:
         print(f"{name:<{width}}  {carrier:<7}  {params}".rstrip() + (f"  # {doc}" if doc else ""), file=out)
     return 0
+
+
+def _auto_row():
+    """``auto``: its parameters are the framework-free runtime's (both frontends take them);
+    it carries each gradient by Horovod or out of band, whichever it picked."""
+    from horovod_sparse.auto.runtime import AutoRuntime
+    params = [f"{k}={v.default!r}" for k, v in inspect.signature(AutoRuntime.__init__).parameters.items()
+              if k != "self" and v.default is not inspect.Parameter.empty]
+    return ("auto", "both", " ".join(params), "Compression.auto(): per gradient, Horovod's fp32/fp16 "
+            "allreduce or an out-of-band candidate, picked from measurements (docs/auto.md)")
 
 
 def _relaunch_under_mpirun(np_, argv, parser):
@@ -346,6 +368,12 @@ def cmd_whatif_auto(args, parser, trace, out):
     return 0
 
 
+def cmd_doctor(args, parser, out):
+    from horovod_sparse import doctor
+    doctor.check_arguments(args, parser)
+    return doctor.run(args, out)
+
+
 def bench_script():
     """scripts/bench_step.py of the source checkout this package runs from, or None."""
     import horovod_sparse
@@ -375,6 +403,8 @@ def main(argv=None, out=None):
     sub = parser._subparsers._group_actions[0].choices[args.command]   # errors name the subcommand
     if args.command == "profile":
         return cmd_profile(args, sub, out, argv)
+    if args.command == "doctor":
+        return cmd_doctor(args, sub, out)
     return cmd_whatif(args, sub, out)
 
 

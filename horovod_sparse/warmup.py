@@ -8,7 +8,7 @@ under dense training (the burst's displacement is capped by Adam's momentum and 
 second moment). The literature's answer is to compress less at the start: DGC (Lin et al.,
 ICLR'18) lowers the density exponentially over the first epochs, Ok-Topk's reference and
 PyTorch's ``powerSGD_hook`` (``start_powerSGD_iter``) run dense allreduces first, Accordion
-(Agarwal et al., MLSys'21) compresses less in early "critical regimes". docs/accuracy.md
+(Agarwal et al., MLSys'21) compresses less in early "critical regimes". docs/results/accuracy.md
 measures what it buys on the real workloads.
 
 A :class:`Warmup` of ``steps`` is ``steps`` dense steps (every element sent, the residual
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from horovod_sparse.checks import check_nonnegative_int
 
 #: steps of the default warm-up (as many dense steps, then as many ramp steps); measured in
-#: docs/accuracy.md. PyTorch's PowerSGDState defaults to 1000 plain allreduce steps.
+#: docs/results/accuracy.md. PyTorch's PowerSGDState defaults to 1000 plain allreduce steps.
 DEFAULT_WARMUP = 100
 #: environment variable that sets the default (``0``: no warm-up unless a compressor asks)
 WARMUP_ENV = "HOROVOD_SPARSE_WARMUP_STEPS"

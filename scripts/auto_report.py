@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The step-time tables of docs/auto.md: ``Compression.auto`` beside every fixed compressor
-measured in the same run (records of ``scripts/bench_step.py``), with the issue's two ratios.
+"""The step-time tables of docs/results/auto.md: ``Compression.auto`` beside every fixed compressor
+measured in the same run (records of ``scripts/bench_step.py``), with its two target ratios.
 
-    python scripts/auto_report.py docs/data/auto/step.jsonl            # rewrite the block of docs/auto.md
+    python scripts/auto_report.py docs/results/data/auto/step.jsonl            # rewrite the block of docs/results/auto.md
     python scripts/auto_report.py results/auto-step-p2.jsonl --print   # print it, change nothing
 
 Per model, link and P: each run's median step (forward + backward + ``opt.step()``, slowest
@@ -71,7 +71,7 @@ def markdown(records):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data", nargs="+", help="bench_step records (JSON lines)")
-    p.add_argument("--md", default=os.path.join(REPO, "docs", "auto.md"))
+    p.add_argument("--md", default=os.path.join(REPO, "docs", "results", "auto.md"))
     p.add_argument("--print", action="store_true", help="print the block, change nothing")
     a = p.parse_args(argv)
     records = [r for path in a.data for r in load(path)]

@@ -22,7 +22,7 @@ overflow check alone (``horovod_sparse.ops.finite.all_finite``), which every sta
 compressor's round trip includes.
 
     .venv/bin/python scripts/bench_codecs.py --json results/codecs.json
-    .venv/bin/python scripts/bench_codecs.py --frameworks torch tensorflow --update-md docs/benchmarks.md
+    .venv/bin/python scripts/bench_codecs.py --frameworks torch tensorflow --update-md docs/results/benchmarks.md
 """
 import argparse
 import json
@@ -57,7 +57,7 @@ def parse_args():
     p.add_argument("--frameworks", nargs="+", default=["torch"], choices=["torch", "tensorflow"])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="torch/TensorFlow threads (the brief: one per rank)")
+    p.add_argument("--threads", type=int, default=1, help="torch/TensorFlow threads (one per rank, as in training)")
     p.add_argument("--same-gradient", action="store_true", help="repeat one gradient instead of drawing new ones")
     p.add_argument("--out", help="append one JSON line per measurement")
     p.add_argument("--json", help="write every measurement, and the run's settings, as one JSON file")
@@ -154,7 +154,7 @@ def markdown(records, args):
              f"; {platform.node()}, {os.cpu_count()} cores, no GPU, shared with other "
              "jobs. The first row is a plain copy of the buffer (the memory bound), the second the overflow "
              "check alone (part of every stateful compressor's round trip). Command: "
-             "`.venv/bin/python scripts/bench_codecs.py --update-md docs/benchmarks.md`.", "",
+             "`.venv/bin/python scripts/bench_codecs.py --update-md docs/results/benchmarks.md`.", "",
              "| compressor | " + " | ".join(f"{names[fw]} s | {names[fw]} GB/s | x copy" for fw in frameworks) + " |",
              "|---|" + "---:|---:|---:|" * len(frameworks)]
     for spec in [COPY, CHECK] + args.specs:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measured validation of the schedule planners and simulator (docs/scheduling.md section 6):
+"""Measured validation of the schedule planners and simulator (docs/results/scheduling.md section 6):
 dense training through the stock ``hvd.DistributedOptimizer`` (``hvd.Compression.none``),
 Horovod's default fusion against one allreduce per planned group (``groups=`` from
 ``horovod_groups`` and its environment), predicted by the simulator beside measured.
@@ -118,7 +118,7 @@ def build_parser():
     p.add_argument("--cycle-ms", type=float, default=None,
                    help="HOROVOD_CYCLE_TIME for the compressor's own schedules only ('default' keeps "
                         "Horovod's 1 ms): Horovod's background thread coordinates over MPI every cycle, "
-                        "which competes with the channel threads (docs/scheduling.md section 8)")
+                        "which competes with the channel threads (docs/results/scheduling.md section 8)")
     p.add_argument("--compressor", default=None,
                    help="run this out-of-band compressor's own schedules (e.g. oktopk:density=0.01, "
                         "dense) instead of Horovod's groups=; 'default' stays Horovod's own dense fusion")
@@ -131,9 +131,9 @@ def build_parser():
                         "measured fit points, interpolated")
     p.add_argument("--fit-repeats", type=_positive, default=5, help="allreduces per fitted size (default 5)")
     p.add_argument("--out", default="results/schedule.jsonl", help="records of this run (emptied first)")
-    p.add_argument("--data", default="docs/data/schedule/dense-p2.jsonl", help="where the records are kept")
-    p.add_argument("--md", default="docs/scheduling.md", help="doc whose schedule block is regenerated")
-    p.add_argument("--png", default="docs/data/schedule/steps.png", help="plot of predicted vs measured")
+    p.add_argument("--data", default="docs/results/data/schedule/dense-p2.jsonl", help="where the records are kept")
+    p.add_argument("--md", default="docs/results/scheduling.md", help="doc whose schedule block is regenerated")
+    p.add_argument("--png", default="docs/results/data/schedule/steps.png", help="plot of predicted vs measured")
     p.add_argument("--report", action="store_true", help="run nothing: regenerate --md and --png from --data")
     p.add_argument("--no-doc", action="store_true", help="run and keep --out only; leave docs/ alone")
     p.add_argument("--timeout", type=float, default=300, help="seconds per launched job (default 300)")
@@ -555,7 +555,7 @@ def markdown(recs, png):
                        f"{r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | {_pct(r.get('error_table_pct'))} | "
                        f"{vs('default')} | {vs('wfbp')} | "
                        f"{'identical' if r['replicas_identical'] else 'DIFFER'} |")
-    out += ["", "Targets of issue 10, computed from these records:", ""]
+    out += ["", "Against the targets, computed from these records:", ""]
     worst = max(recs, key=lambda x: abs(x["error_pct"]))
     out.append(f"- predicted within 15% of measured for every schedule: "
                f"{'yes' if abs(worst['error_pct']) <= 15 else 'no'} (worst: {worst['link']} "
@@ -659,7 +659,7 @@ def markdown_compressor(recs):
                        f"{_text(r['predicted_ms']).strip()} | {r['measured_ms']:.1f} | {_pct(r['error_pct'])} | "
                        f"{vs('after_backward')} | {vs('default')} | "
                        f"{'identical' if r['replicas_identical'] else 'DIFFER'} |")
-    out += ["", "Against issue 10's targets, from these records:", ""]
+    out += ["", "Against the targets, from these records:", ""]
     errors = [r for r in recs if r["error_pct"] is not None and r["compressor"] != "horovod-none"]
     if errors:
         worst = max(errors, key=lambda x: abs(x["error_pct"]))

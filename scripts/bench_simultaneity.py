@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measure the simultaneity factor k2 of two channels on a link (docs/scheduling.md, section 7).
+"""Measure the simultaneity factor k2 of two channels on a link (docs/results/scheduling.md, section 7).
 
 ASC-WFBP runs two exchanges at once on two channels. Whether that pays depends on one
 number of the link: two exchanges of M bytes started together end at ``a + k2*b*M``
@@ -10,13 +10,13 @@ sum (``MPI_Allreduce``) on a ``Dup()`` of the world communicator, one thread per
 (the worker threads of the out-of-band runtime), at P ranks, under ``scripts/netem.py``.
 
     python scripts/bench_simultaneity.py --links loopback 1gbit 10gbit --np 2 \\
-        --out docs/data/schedule/simultaneity.jsonl --md docs/scheduling.md
+        --out docs/results/data/schedule/simultaneity.jsonl --md docs/results/scheduling.md
 
 Per link and size M (float32, geometric): ``alone`` = one allreduce of M on channel 0,
 ``together`` = one allreduce of M on each of two channels started at once (time until both
 are done); each the median over ``--repeats`` of the slowest rank, after a barrier. Then
 ``fit_simultaneity`` gives k2 (the ratio of the two fitted slopes) and R^2; the script also
-plans the scheduling benchmark's model (its calibration in docs/data/schedule/) with that k2
+plans the scheduling benchmark's model (its calibration in docs/results/data/schedule/) with that k2
 and says what the simulator predicts for ``asc`` against the one-channel ``optimal`` plan.
 
 ``--worker`` is the MPI side (run by the driver under netem.py; needs MPI_THREAD_MULTIPLE).
@@ -35,7 +35,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 DEFAULT_SIZES = [2 ** e for e in range(16, 26, 2)]   # 64 KiB .. 16 MiB
-CALIB = os.path.join(REPO, "docs", "data", "schedule", "dense-p{np}.calib-{link}.json")
+CALIB = os.path.join(REPO, "docs", "results", "data", "schedule", "dense-p{np}.calib-{link}.json")
 BLOCK = "simultaneity"
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The end-to-end step benchmark of docs/performance.md: every compressor side by side with
+"""The end-to-end step benchmark of docs/results/performance.md: every compressor side by side with
 dense, through the stock ``hvd.DistributedOptimizer`` (or, ``--framework tensorflow``,
 ``hvd.DistributedGradientTape``), on each link.
 
@@ -7,7 +7,7 @@ dense, through the stock ``hvd.DistributedOptimizer`` (or, ``--framework tensorf
     python scripts/bench_step.py --links loopback 1gbit --models mlp5 --steps 2 --warmup 1 \\
         --compressors dense hvd-fp16 topk:density=0.01 qsgd        # a quick harness check
     python scripts/bench_step.py --report                          # only regenerate the doc
-    python scripts/bench_step.py --framework tensorflow --compare-torch docs/data/step-tf-torch.jsonl
+    python scripts/bench_step.py --framework tensorflow --compare-torch docs/results/data/step-tf-torch.jsonl
 
 For each link: ``scripts/netem.py --rate R -np N -- python -m horovod_sparse.bench.step ...``
 (``loopback`` is ``--rate none``: mpirun over TCP on lo, no namespaces), with one thread per
@@ -18,8 +18,8 @@ regenerated from it (scripts/plot_step.py). A link whose run fails or exceeds ``
 is reported and skipped; the others still run.
 
 Each framework keeps its own files and its own generated block of ``--md`` (PyTorch:
-``results``, docs/performance.jsonl, docs/performance.png; TensorFlow: ``results-tf``,
-docs/data/step-tf.jsonl, docs/performance_tf.png, results/step-tf.jsonl for ``--out``), so a
+``results``, docs/results/performance.jsonl, docs/results/performance.png; TensorFlow: ``results-tf``,
+docs/results/data/step-tf.jsonl, docs/results/performance_tf.png, results/step-tf.jsonl for ``--out``), so a
 run of one never touches the other's. TensorFlow's tables can compare each compressor's
 speed-up with PyTorch's from the records of ``--compare-torch`` (scripts/plot_step.py).
 """
@@ -46,9 +46,9 @@ RANK_ENV = {"OMP_NUM_THREADS": "1", "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_
             "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 MPIRUN_ARGS = "--bind-to none --mca mpi_yield_when_idle 1"
 #: Per framework, where its records, data and plot go unless --out, --data, --png say otherwise.
-FILES = {"torch": {"out": "results/step.jsonl", "data": "docs/performance.jsonl", "png": "docs/performance.png"},
-         "tensorflow": {"out": "results/step-tf.jsonl", "data": "docs/data/step-tf.jsonl",
-                        "png": "docs/performance_tf.png"}}
+FILES = {"torch": {"out": "results/step.jsonl", "data": "docs/results/performance.jsonl", "png": "docs/results/performance.png"},
+         "tensorflow": {"out": "results/step-tf.jsonl", "data": "docs/results/data/step-tf.jsonl",
+                        "png": "docs/results/performance_tf.png"}}
 
 
 def default_python():
@@ -86,7 +86,7 @@ def build_parser():
     p.add_argument("--data", default=None,
                    help="where the records are kept for the doc (copied from --out after the run; "
                         f"default {FILES['torch']['data']}, {FILES['tensorflow']['data']} for tensorflow)")
-    p.add_argument("--md", default="docs/performance.md", help="doc whose results section is regenerated")
+    p.add_argument("--md", default="docs/results/performance.md", help="doc whose results section is regenerated")
     p.add_argument("--png", default=None, help=f"plot (default {FILES['torch']['png']}, "
                    f"{FILES['tensorflow']['png']} for tensorflow)")
     p.add_argument("--report", nargs="?", const="", default=None, metavar="MD",

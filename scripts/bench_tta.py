@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Time to accuracy of docs/accuracy.md: every compressor and the DDP peers train each real
+"""Time to accuracy of docs/results/accuracy.md: every compressor and the DDP peers train each real
 workload from the same initial model with the same hyper-parameters, on each link; the report
 says how soon each reaches the quality Horovod's dense reaches at the end of its budget.
 
-    python scripts/bench_tta.py                              # the full sitting (root, for netem)
+    python scripts/bench_tta.py                              # the full study (root, for netem)
     python scripts/bench_tta.py --dry-run                    # print the commands, run nothing
     python scripts/bench_tta.py --smoke                      # one minute: loopback, P=2, 3 runs
     python scripts/bench_tta.py --report                     # only regenerate the doc
@@ -80,11 +80,11 @@ def build_parser():
                         "dense's final metric in each workload and link)")
     p.add_argument("--tolerance", type=float, default=0.0, metavar="REL",
                    help="with the default target: dense's final metric made worse by this fraction "
-                        "of it (0.01: within 1%% relative of dense, the quality bar of issue 19; default 0)")
+                        "of it (0.01: within 1%% relative of dense, the accuracy study's quality bar; default 0)")
     p.add_argument("--out", default="results/tta.jsonl", help="records of this run (emptied first)")
-    p.add_argument("--data", default="docs/accuracy.jsonl",
+    p.add_argument("--data", default="docs/results/accuracy.jsonl",
                    help="where the records are kept for the doc (copied from --out after the run)")
-    p.add_argument("--md", default="docs/accuracy.md", help="doc whose tta block is regenerated")
+    p.add_argument("--md", default="docs/results/accuracy.md", help="doc whose tta block is regenerated")
     p.add_argument("--block", default=BLOCK,
                    help="the generated block of --md to write (default %(default)s; another block's plots "
                         "are named after it too)")

@@ -1,5 +1,5 @@
 """One bf16 step, TensorFlow or PyTorch, with the time of the pipeline's step and of its MPI calls
-(docs/performance.md, TensorFlow, the bf16 miss at 1 Gbit/s): mlp5's five layers without biases,
+(docs/results/performance.md, TensorFlow, the bf16 miss at 1 Gbit/s): mlp5's five layers without biases,
 batch 16, 3 warm-up and 8 timed steps; prints rank 0's median step, median pipeline step and the
 MPI calls' time per step (``CountingComm``'s collectives, timed by wrapping them).
 

@@ -2,7 +2,7 @@
 # Builds a Horovod wheel (MPI + PyTorch + TensorFlow ops) from the PyPI sdist and prints its path.
 #
 # Horovod 0.28.1, the last release, does not build as published against torch 2.13 and
-# TensorFlow 2.21 (SPEC.md section 5). Two changes make it build:
+# TensorFlow 2.21. Two changes make it build:
 #   1. C++17 instead of C++14 (torch >= 2.1 headers need it; upstream PR #3998 on master);
 #   2. drop horovod/tensorflow/xla_mpi_ops.cc from TF_SOURCES: it includes XLA headers whose
 #      dependencies the TF wheel does not ship, and serves only the opt-in XLA ops.

@@ -1,7 +1,7 @@
 """The generated part of a markdown page: the text between ``<!-- NAME:begin -->`` and
 ``<!-- NAME:end -->``, rewritten by the benchmark scripts while the prose around it stays.
 
-    >>> replace_block("docs/scheduling.md", "schedule", table)          # markers must exist
+    >>> replace_block("docs/results/scheduling.md", "schedule", table)          # markers must exist
     >>> replace_block("docs/new.md", "results", table, heading="# Step time\\n")   # else appended
 """
 import os

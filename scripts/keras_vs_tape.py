@@ -1,4 +1,4 @@
-"""Where Keras' extra step time goes (docs/performance.md, TensorFlow, the Keras bullet): the same
+"""Where Keras' extra step time goes (docs/results/performance.md, TensorFlow, the Keras bullet): the same
 5-layer 2048-wide MLP trained through ``hvd.DistributedGradientTape`` in a ``tf.function`` and through
 Keras ``train_on_batch`` with Horovod's Keras ``DistributedOptimizer``, each twice in one process;
 prints the median step and the median time inside the compressor's host call (the

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Turn bench_exchange.py JSON lines into a plot and the tables of docs/benchmarks.md.
+"""Turn bench_exchange.py JSON lines into a plot and the tables of docs/results/benchmarks.md.
 
-    python scripts/plot_benchmarks.py docs/benchmarks.jsonl --png docs/benchmarks.png \
-        --update-md docs/benchmarks.md
+    python scripts/plot_benchmarks.py docs/results/benchmarks.jsonl --png docs/results/benchmarks.png \
+        --update-md docs/results/benchmarks.md
 
 The PNG has one panel per link rate: median time per call (log scale, bars from
 min to max of the repeats) of each algorithm against the number of ranks P.
@@ -159,7 +159,7 @@ def markdown(recs):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("jsonl", nargs="+", help="bench_exchange.py --out files")
-    p.add_argument("--png", default="docs/benchmarks.png")
+    p.add_argument("--png", default="docs/results/benchmarks.png")
     p.add_argument("--n", type=int, default=None, help="only records with this n")
     p.add_argument("--density", type=float, default=None, help="only records with this density")
     p.add_argument("--update-md", default=None, help="rewrite the results section of this file")

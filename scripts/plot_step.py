@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Turn the JSON lines of ``python -m horovod_sparse.bench.step`` into the tables of
-docs/performance.md and a plot.
+docs/results/performance.md and a plot.
 
-    python scripts/plot_step.py docs/performance.jsonl --md docs/performance.md --png docs/performance.png
-    python scripts/plot_step.py docs/data/step-tf.jsonl --framework tensorflow \
-        --compare-torch docs/data/step-tf-torch.jsonl --md docs/performance.md --png docs/performance_tf.png
+    python scripts/plot_step.py docs/results/performance.jsonl --md docs/results/performance.md --png docs/results/performance.png
+    python scripts/plot_step.py docs/results/data/step-tf.jsonl --framework tensorflow \
+        --compare-torch docs/results/data/step-tf-torch.jsonl --md docs/results/performance.md --png docs/results/performance_tf.png
 
 The text between ``<!-- results:begin -->`` and ``<!-- results:end -->`` of the markdown file
 is replaced by one table per (model, ranks, link) of PyTorch's records; TensorFlow's tables
@@ -17,10 +17,10 @@ median step time per link (log scale), with dense's as a dashed line of the same
 a bar shorter than its line beats dense.
 
 TensorFlow's tables can set each compressor beside PyTorch's for the same model, ranks and
-link (``--compare-torch``: PyTorch records, best of the same sitting): *torch vs dense*, the
-PyTorch path's speed-up over its own Horovod dense, and *TF / torch*, TensorFlow's speed-up
-over its own dense divided by PyTorch's (1: the compressor pays off alike through both
-frameworks; below 1: less through TensorFlow).
+link (``--compare-torch``: PyTorch records measured back to back with the TensorFlow ones,
+best round): *torch vs dense*, the PyTorch path's speed-up over its own Horovod dense, and
+*TF / torch*, TensorFlow's speed-up over its own dense divided by PyTorch's (1: the
+compressor pays off alike through both frameworks; below 1: less through TensorFlow).
 """
 from __future__ import annotations
 

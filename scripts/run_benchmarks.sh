@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the benchmark matrix of docs/benchmarks.md and regenerate its tables and plot.
+# Run the benchmark matrix of docs/results/benchmarks.md and regenerate its tables and plot.
 #
 #   sudo scripts/run_benchmarks.sh            # full matrix (needs root for the namespaces)
 #   N=1000000 PS="2" RATES="1gbit none" scripts/run_benchmarks.sh   # quick smoke run
@@ -7,7 +7,7 @@
 # Every (rate, P) pair is one `scripts/netem.py --rate R -np P -- python
 # scripts/bench_exchange.py ...` run over all algorithms; rate "none" is plain loopback.
 # Records go to $RESULTS (fresh each time); when the matrix is done they are copied to
-# $DATA and docs/benchmarks.md / docs/benchmarks.png are regenerated from $DATA.
+# $DATA and docs/results/benchmarks.md / docs/results/benchmarks.png are regenerated from $DATA.
 # A failed or timed-out (rate, P) run is reported and skipped, the others still run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,9 +22,9 @@ RATES=${RATES:-"1gbit 10gbit none"}
 ALGORITHMS=${ALGORITHMS:-dense,allgather,oktopk,gtopk,dsa}
 RUN_TIMEOUT=${RUN_TIMEOUT:-900}          # seconds per (rate, P) run
 RESULTS=${RESULTS:-results/benchmarks.jsonl}
-DATA=${DATA:-docs/benchmarks.jsonl}
-MD=${MD:-docs/benchmarks.md}
-PNG=${PNG:-docs/benchmarks.png}
+DATA=${DATA:-docs/results/benchmarks.jsonl}
+MD=${MD:-docs/results/benchmarks.md}
+PNG=${PNG:-docs/results/benchmarks.png}
 
 mkdir -p "$(dirname "$RESULTS")"
 : > "$RESULTS"

@@ -8,7 +8,7 @@ measured, from a profile of each model, and compare.
     horovod-sparse profile --model $M:mlp5 --batch 16 --threads 1 -o results/traces/mlp5.json
     horovod-sparse profile --model $M:mlp30 --batch 32 --threads 1 -o results/traces/mlp30.json
     # 2. the measured steps (scripts/bench_step.py), then
-    python scripts/validate_whatif.py --measured docs/performance.jsonl --traces results/traces \\
+    python scripts/validate_whatif.py --measured docs/results/performance.jsonl --traces results/traces \\
         --md results/whatif-validation.md
 
 Inputs: (a) a JSONL of measured steps, one object per (model, np, link, compressor) with at
@@ -75,8 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--traces", nargs="+", required=True, metavar="DIR|MODEL=PATH",
                    help="directory with <model>.json, or model=path pairs")
     p.add_argument("--benchmarks", nargs="*", metavar="JSONL",
-                   default=[os.path.join(REPO, "docs", "benchmarks.jsonl"),
-                            os.path.join(REPO, "docs", "benchmarks-dense-ring.jsonl")],
+                   default=[os.path.join(REPO, "docs", "results", "benchmarks.jsonl"),
+                            os.path.join(REPO, "docs", "results", "benchmarks-dense-ring.jsonl")],
                    help="scripts/bench_exchange.py results for --calibrate benchmarks")
     p.add_argument("--calibrate", choices=["benchmarks", "nominal"], default="benchmarks",
                    help="link of the fused exchanges (default benchmarks)")

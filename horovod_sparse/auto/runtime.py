@@ -61,13 +61,13 @@ log = logging.getLogger("horovod_sparse.auto")
 RESIDUAL_FIELDS = ("memory_residual", "residual")
 #: optimizers whose step per coordinate comes from that coordinate's own gradient history (Adam's
 #: family): error feedback hands them a coordinate's gradient in rare bursts, which they under-apply
-#: (docs/accuracy.md: top-k 0.01 ends 5.7%, PowerSGD 17% worse than dense under AdamW, warm-up included)
+#: (docs/results/accuracy.md: top-k 0.01 ends 5.7%, PowerSGD 17% worse than dense under AdamW, warm-up included)
 ADAPTIVE_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop",
                                  "SparseAdam", "Adafactor", "LAMB", "Lamb", "FusedAdam", "FusedLAMB"})
 #: the fewest quantization levels a quantizer with error feedback needs to keep AdamW's quality
-#: (qsgd at 127 levels, 8 bits, ended level with dense after 1000 steps, docs/accuracy.md)
+#: (qsgd at 127 levels, 8 bits, ended level with dense after 1000 steps, docs/results/accuracy.md)
 ADAPTIVE_MIN_LEVELS = 127
-#: default bound of the quality guard: residual norm / gradient norm (measured in docs/auto.md:
+#: default bound of the quality guard: residual norm / gradient norm (measured in docs/results/auto.md:
 #: top-k at 0.01 stays under 19 on both workloads, PowerSGD at rank 2 on ResNet-18 passes 30)
 DEFAULT_MAX_RESIDUAL_RATIO = 30.0
 
@@ -160,7 +160,7 @@ class AutoRuntime:
             self.report["optimizer_guard"] = {
                 "optimizer": adaptive, "kept": list(self.allowed),
                 "why": f"under {adaptive} sparsifiers and low rank cost quality (top-k 0.01: +5.7%, "
-                       "PowerSGD: +17% bits per byte after 1000 steps, docs/accuracy.md); fp16 and 8-bit "
+                       "PowerSGD: +17% bits per byte after 1000 steps, docs/results/accuracy.md); fp16 and 8-bit "
                        "quantizers with error feedback keep it"}
 
     @property

@@ -4,5 +4,5 @@
 ``hvd.DistributedOptimizer`` (PyTorch), or ``hvd.DistributedGradientTape`` with
 ``--framework tensorflow`` (:mod:`horovod_sparse.bench.step_tf`), for every compressor side by
 side with Horovod's dense allreduce; ``scripts/bench_step.py`` runs it over emulated links
-and writes ``docs/performance.md``.
+and writes ``docs/results/performance.md``.
 """

@@ -7,7 +7,7 @@ process per rank:
     mpirun -np 2 python -m horovod_sparse.bench.step --framework tensorflow --out results/step-tf.jsonl
     python scripts/netem.py --rate 1gbit -np 2 -- python -m horovod_sparse.bench.step --link 1gbit
 
-(``scripts/bench_step.py`` does the second for every link and writes docs/performance.md.)
+(``scripts/bench_step.py`` does the second for every link and writes docs/results/performance.md.)
 
 Per model, round and compressor: a fresh model (same seed on every rank, then
 ``hvd.broadcast_parameters``), a fresh plain SGD and a fresh compressor; ``--warmup``

@@ -7,7 +7,7 @@ MPI, one process per rank:
     python scripts/netem.py --rate 1gbit -np 2 -- python -m horovod_sparse.bench.tta ...
 
 (``scripts/bench_tta.py`` does the second for every workload and link and writes
-docs/accuracy.md.)
+docs/results/accuracy.md.)
 
 Per compressor, one after the other in one job:
 

@@ -54,7 +54,7 @@ class TopKCompressor(SparsifyingCompressor):
             allreduce (residual cleared); over the next warmup_steps the density falls
             geometrically from 1 to ``density`` (DGC's warm-up; with "allgather" and "dsa"
             only). An integer >= 0; default ``$HOROVOD_SPARSE_WARMUP_STEPS``, else 100
-            (:mod:`horovod_sparse.warmup`; what it buys: docs/accuracy.md).
+            (:mod:`horovod_sparse.warmup`; what it buys: docs/results/accuracy.md).
     """
 
     name = "topk"

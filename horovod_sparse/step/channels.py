@@ -18,7 +18,7 @@ collectives on each channel in the same order, whatever order its own gradients 
    the frontend's step sum writes it (PyTorch: :class:`~horovod_sparse.torch.buckets.StepSum`).
 
 Each bucket has its own pipeline (residual, thresholds, regions): a sparsifier keeps
-``density`` of each bucket rather than of the whole step (docs/scheduling.md).
+``density`` of each bucket rather than of the whole step (docs/results/scheduling.md).
 """
 import sys
 import time

@@ -5,7 +5,7 @@
 :class:`~horovod_sparse.tensorflow.out_of_band.TFOutOfBandCompressor`) hand a step's gradients to (``arrived`` as ``compress`` records them, ``finish`` at the
 step's first ``decompress``). With ``schedule="after_backward"`` that is one
 :class:`~horovod_sparse.step.bucket.Bucket` of the whole step, exchanged in ``finish``.
-With another schedule (docs/scheduling.md):
+With another schedule (docs/results/scheduling.md):
 
 1. the first ``profile_steps`` steps run the same way while the gradients' arrivals are
    timed (:class:`~horovod_sparse.schedule.arrivals.ArrivalTrace`);

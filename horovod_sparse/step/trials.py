@@ -3,7 +3,7 @@ a few steps each, and the one measured fastest is kept (:class:`~horovod_sparse.
 The model proposes, the run decides, as Horovod's own autotuner (``HOROVOD_AUTOTUNE``) does
 with its fusion knobs: on a machine where the exchanges compete with backward or with
 Horovod's thread for cores, the fitted costs (measured with nothing else running) can rank
-the plans wrongly (docs/scheduling.md section 8); the end of the exchanges alone ranked plans
+the plans wrongly (docs/results/scheduling.md section 8); the end of the exchanges alone ranked plans
 wrongly here, so a step's time is its whole period.
 
 Candidates: the distinct plans of the planned schedules, the simulator's pick first, then in

@@ -1,11 +1,10 @@
 """Refuse Keras 3, with which Horovod 0.28 trains without synchronising.
 
-Measured here (SPEC.md section 5): with Keras 3 as ``tf.keras``,
-``horovod.tensorflow.keras.DistributedOptimizer`` + ``model.fit`` runs without error but
-never allreduces (replicas drift, ``compress`` is never called), and
-``hvd.broadcast_variables`` / ``DistributedGradientTape`` fail on Keras 3 variables. With
-``TF_USE_LEGACY_KERAS=1`` set before TensorFlow is imported (and tf-keras installed),
-``tf.keras`` is Keras 2 and all of it works.
+Measured here: with Keras 3 as ``tf.keras``, ``horovod.tensorflow.keras.DistributedOptimizer``
++ ``model.fit`` runs without error but never allreduces (replicas drift, ``compress`` is
+never called), and ``hvd.broadcast_variables`` / ``DistributedGradientTape`` fail on Keras 3
+variables. With ``TF_USE_LEGACY_KERAS=1`` set before TensorFlow is imported (and tf-keras
+installed), ``tf.keras`` is Keras 2 and all of it works.
 """
 import os
 

@@ -7,7 +7,7 @@ a time, and the overhead beyond backward gives the scaling factor
 t_batch / (t_batch + overhead). Unlike the paper's simulator it also charges the latency
 of every message round and the compressor's own measured cost, uses the installed
 Horovod's bucket rule (or the paper's, per layer, or one bucket), and models the fused
-compressors' own exchanges. See docs/whatif.md.
+compressors' own exchanges. See docs/results/whatif.md.
 
     >>> from horovod_sparse.whatif import Network, Options, load, predict
     >>> p = predict(load("netai:resnet50"), Network.from_gbps(10), workers=16, ratio=5,

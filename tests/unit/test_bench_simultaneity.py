@@ -42,7 +42,7 @@ def test_k2_and_the_asc_outlook_from_exact_records():
     (row,) = bench.summarize(records)
     assert row["k2"] == pytest.approx(1.5) and row["r2"] == pytest.approx(1.0)
     assert row["a"] == pytest.approx(1e-3) and row["b"] == pytest.approx(1e-9)
-    # the scheduling benchmark's calibration at 1 Gbit/s ships in docs/data/schedule/
+    # the scheduling benchmark's calibration at 1 Gbit/s ships in docs/results/data/schedule/
     assert row["asc"] is not None and row["asc"]["asc"] <= row["asc"]["optimal"] * (1 + 1e-9)
     text = bench.markdown([row], bench.parse_args(["--out", os.path.join(_REPO, "results", "x.jsonl")]))
     assert "| 1gbit | 2 |" in text and "**1.50**" in text

@@ -120,7 +120,7 @@ def test_driver_command_line():
     # what the driver hands the ranks parses back to the same settings
     b = step.parse_args(bench[3:])
     assert (b.compressors, b.steps, b.warmup, b.link, b.out) == (["dense", "qsgd"], 2, 1, "1gbit", a.out)
-    assert bench_step.parse_args(["--report"]).md == "docs/performance.md"
+    assert bench_step.parse_args(["--report"]).md == "docs/results/performance.md"
     assert bench_step.parse_args(["--report", "x.md"]).md == "x.md"
 
 
@@ -202,13 +202,13 @@ def test_keras_models_match_the_torch_ones():
 def test_tf_driver_files_and_command_line():
     a = bench_step.parse_args(["--framework", "tensorflow", "--tf-groups", "1", "--links", "1gbit",
                                "--models", "mlp5", "--python", "py"])
-    assert (a.out, a.data, a.png) == ("results/step-tf.jsonl", "docs/data/step-tf.jsonl", "docs/performance_tf.png")
+    assert (a.out, a.data, a.png) == ("results/step-tf.jsonl", "docs/results/data/step-tf.jsonl", "docs/results/performance_tf.png")
     bench = bench_step.link_command(a, "1gbit")
     b = step.parse_args(bench[bench.index("--") + 4:])
     assert (b.framework, b.tf_groups, b.models, b.out) == ("tensorflow", 1, ["mlp5"], "results/step-tf.jsonl")
     t = bench_step.parse_args([])   # PyTorch keeps today's files
-    assert (t.framework, t.out, t.data, t.png) == ("torch", "results/step.jsonl", "docs/performance.jsonl",
-                                                   "docs/performance.png")
+    assert (t.framework, t.out, t.data, t.png) == ("torch", "results/step.jsonl", "docs/results/performance.jsonl",
+                                                   "docs/results/performance.png")
     assert "--tf-groups" not in bench_step.link_command(t, "loopback")
     assert bench_step.parse_args(["--framework", "tensorflow", "--data", "d.jsonl"]).data == "d.jsonl"
     for bad in (["--compare-torch", "t.jsonl"], ["--tf-groups", "1"],

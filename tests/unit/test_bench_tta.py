@@ -106,7 +106,7 @@ def test_driver_arguments():
                                                    2, "results/tta.jsonl")
     assert a.compressors == list(tta.DEFAULT_COMPRESSORS)
     assert bench_tta.parse_args(["--target", "0.9", "stdlib_lm=2.5"]).targets == {None: 0.9, "stdlib_lm": 2.5}
-    assert bench_tta.parse_args(["--report"]).md == "docs/accuracy.md"
+    assert bench_tta.parse_args(["--report"]).md == "docs/results/accuracy.md"
     for bad in (["--target", "imagenet=0.7"], ["--links", "fast"], ["--steps", "0"]):
         with pytest.raises(SystemExit):
             bench_tta.parse_args(bad)
@@ -202,7 +202,7 @@ def test_report_writes_the_block_and_one_plot_per_workload_and_link(tmp_path):
 
 
 def test_the_page_has_the_block_the_report_writes():
-    doc = open(os.path.join(REPO, "docs", "accuracy.md")).read()
+    doc = open(os.path.join(REPO, "docs", "results", "accuracy.md")).read()
     assert doc.count("<!-- tta:begin -->") == 1 and doc.count("<!-- tta:end -->") == 1
     assert "python scripts/bench_tta.py --smoke" in doc
 

@@ -54,6 +54,10 @@ def test_list_shows_every_compressor_with_its_defaults(capsys):
     assert set(available()) <= set(names) and "dense" in names
     topk = next(line for line in out.splitlines() if line.startswith("topk "))
     assert "density=0.01" in topk and "out_of_band" in topk
+    auto = next(line for line in out.splitlines() if line.startswith("auto "))
+    for default in ("candidates=('fp16', 'topk:density=0.01'", "dense_below=", "min_density=0.01",
+                    "profile_steps=3", "trial_steps=3", "nonfinite='propagate'", "warmup_steps=None"):
+        assert default in auto, auto
 
 
 # ----------------------------------------------------------------------- whatif

@@ -1,4 +1,4 @@
-"""The main job's output stays readable under horovodrun (issue 12, item 8): horovodrun tags
+"""The main job's output stays readable under horovodrun: horovodrun tags
 every chunk a rank writes with ``[1,0]<stdout>:``, so a table line written in pieces, or with
 multi-byte box characters, gets a tag in its middle. Runs the README's launch on 2 ranks with
 two short runs and checks that each table line arrives whole, behind exactly one tag."""

@@ -241,10 +241,10 @@ def test_wire_formulas():
 
 
 def test_wire_formulas_match_the_exchange_benchmarks_bytes():
-    """docs/benchmarks.jsonl: 25M floats, density 0.01, P = 2..4, bytes counted by the engine."""
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks.jsonl")
+    """docs/results/benchmarks.jsonl: 25M floats, density 0.01, P = 2..4, bytes counted by the engine."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "benchmarks.jsonl")
     if not os.path.exists(path):
-        pytest.skip("no docs/benchmarks.jsonl")
+        pytest.skip("no docs/results/benchmarks.jsonl")
     spec = {"allgather": "topk:density=0.01", "oktopk": "oktopk:density=0.01", "dsa": "topk:density=0.01,exchange=dsa"}
     checked = 0
     with open(path) as f:

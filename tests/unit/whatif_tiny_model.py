@@ -1,5 +1,5 @@
 """Tiny models for the CLI's ``profile`` tests (``--model whatif_tiny_model:tiny``), one per
-factory convention of docs/whatif.md."""
+factory convention of docs/results/whatif.md."""
 import torch
 
 

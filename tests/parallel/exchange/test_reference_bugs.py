@@ -1,4 +1,4 @@
-"""One test per known bug of the Ok-Topk reference code (SPEC.md 2.1) showing we do not have it."""
+"""One test per known bug of the Ok-Topk reference code showing we do not have it."""
 from collections import defaultdict
 
 import numpy as np

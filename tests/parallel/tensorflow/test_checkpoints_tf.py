@@ -1,4 +1,4 @@
-"""Rank-0 checkpoints in TensorFlow (issue 18: one format for both frontends): the state of
+"""Rank-0 checkpoints in TensorFlow (one format for both frontends): the state of
 every mechanism, keyed by variable name (one gradient, or a Horovod group as a tuple of
 names), goes through ``gather_state`` / ``scatter_state`` and resumes bit for bit.
 """

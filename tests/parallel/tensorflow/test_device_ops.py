@@ -1,4 +1,4 @@
-"""The sparsifiers as TensorFlow ops on the gradients' device (issue 21), checked on the CPU.
+"""The sparsifiers as TensorFlow ops on the gradients' device, checked on the CPU.
 
 On a GPU the TensorFlow frontend runs a sparsifier's step as TensorFlow ops where the
 gradients are (``tf.py_function``: error feedback, magnitude keys, the selection with its

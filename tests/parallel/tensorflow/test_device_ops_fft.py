@@ -1,4 +1,4 @@
-"""The FFT compressor as TensorFlow ops on the gradients' device (issue 21), checked on the CPU.
+"""The FFT compressor as TensorFlow ops on the gradients' device, checked on the CPU.
 
 On a GPU, or with ``compression.on_device = True``, the TensorFlow frontend runs the FFT
 pipeline's step on the fused float32 tensor as TensorFlow ops (error feedback, the chunked

@@ -1,4 +1,4 @@
-"""Planned schedules in TensorFlow (issue 21): the traced step hands each gradient to the
+"""Planned schedules in TensorFlow: the traced step hands each gradient to the
 schedule's runtime, which profiles, plans and exchanges the planned buckets on channel
 threads, as in PyTorch (tests/parallel/torch/test_schedules.py).
 

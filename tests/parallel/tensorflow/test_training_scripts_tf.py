@@ -1,4 +1,4 @@
-"""Training scripts as users write them (issue 12, TensorFlow side): variables without a
+"""Training scripts as users write them (the TensorFlow side of tests/parallel/torch/test_training_scripts.py): variables without a
 gradient, frozen variables, ``groups=``, compressors that differ across ranks, compressors
 passed uncalled or built inside the traced step, and TF1-style graph mode.
 
@@ -116,7 +116,7 @@ def check_against_oracle(compression, spec, mode, groups, comm, average_across_r
     return names
 
 
-# -- items 1 and 2: a variable without a gradient, frozen variables ----------------------
+# -- a variable without a gradient, frozen variables -------------------------------------
 @pytest.mark.parametrize("schedule", ["after_backward", "wfbp"])
 @pytest.mark.parametrize("groups", [None, 1])
 @pytest.mark.parametrize("mode", ["none", "frozen"])
@@ -180,7 +180,7 @@ def test_freezing_a_layer_mid_training_keeps_replicas_identical(name, assert_ide
         assert [int(compression.state.slots[k].step.numpy()) for k in kernels] == [20, 30]
 
 
-# -- item 4: different parameters or seeds on different ranks --------------------------
+# -- different parameters or seeds on different ranks ----------------------------------
 DIFFERING = {"randomk": "randomk:density=0.1,seed={rank}", "topk": "topk:density=0.0{rank}5",
              "qsgd": "qsgd:levels={levels}", "powersgd": "powersgd:rank={levels}"}
 
@@ -196,7 +196,7 @@ def test_different_parameters_across_ranks_fail_on_every_rank(name):
     assert time.monotonic() - started < 60
 
 
-# -- item 5: compressors passed uncalled, as Horovod's are ------------------------------
+# -- compressors passed uncalled, as Horovod's are --------------------------------------
 def test_stateless_compressor_passed_uncalled_works_like_horovods(comm, average_across_ranks,
                                                                   assert_identical_across_ranks):
     check_against_oracle(hvds.Compression.fp16, "fp16", "none", None, comm, average_across_ranks,
@@ -210,7 +210,7 @@ def test_stateful_compressor_passed_uncalled_says_to_call_it(name):
         step((True, True, True), [tf.ones(s) for s in SHAPES.values()])
 
 
-# -- item 9: a compressor built inside the traced step ----------------------------------
+# -- a compressor built inside the traced step ------------------------------------------
 def train_step_building_compression(make, variables):
     @tf.function
     def step(targets):

@@ -1,4 +1,4 @@
-"""Rank-0 checkpoints (issue 18): ``gather_state`` on every rank, one file written by rank 0
+"""Rank-0 checkpoints: ``gather_state`` on every rank, one file written by rank 0
 with ``torch.save``, read back by rank 0 alone, ``scatter_state`` on every rank. With every
 ``schedule=`` (``auto`` saved before and after it settles) the resumed run gives bitwise
 the parameters of the uninterrupted one; a damaged or incompatible checkpoint fails with

@@ -15,7 +15,7 @@ batch 4 per rank, warm-up 10 steps. The margins are measured, not guessed (2026-
 
 A margin is the worst gap with the warm-up, plus a third: the runs without it fail the AdamW
 margin (top-k by 5x) and PowerSGD's under momentum. The long runs behind the numbers users see
-are in docs/accuracy.md.
+are in docs/results/accuracy.md.
 """
 import horovod.torch as hvd
 import pytest

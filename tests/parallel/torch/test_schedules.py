@@ -1,4 +1,4 @@
-"""Schedules of the out-of-band compressors (issue 10): buckets exchanged on channel threads
+"""Schedules of the out-of-band compressors: buckets exchanged on channel threads
 while backward runs, behind the stock hvd.DistributedOptimizer.
 
 Every schedule, for a sparsifier, a quantizer and the dense sum: every step equals an

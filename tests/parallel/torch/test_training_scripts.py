@@ -1,4 +1,4 @@
-"""Real training scripts behind the stock hvd.DistributedOptimizer (issue 12, items 1-3):
+"""Real training scripts behind the stock hvd.DistributedOptimizer:
 parameters without a gradient in some steps, layers frozen and unfrozen mid-training,
 and Horovod process sets.
 

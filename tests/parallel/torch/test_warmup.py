@@ -128,7 +128,7 @@ QUANTIZER = "qsgd:levels=127,error_feedback=true"
 def test_auto_under_adam_keeps_to_the_candidates_that_keep_quality(optimizer, candidates,
                                                                    assert_identical_across_ranks):
     """Under an adaptive optimizer (Adam's family) auto's quality guard keeps fp16, none and the
-    8-bit quantizer with error feedback: top-k and PowerSGD cost it 5-17% (docs/accuracy.md)."""
+    8-bit quantizer with error feedback: top-k and PowerSGD cost it 5-17% (docs/results/accuracy.md)."""
     model = five_layers()
     chosen = {} if candidates is None else {"candidates": candidates}
     compression = hvds.Compression.auto(dense_below=0, profile_steps=2, trial_steps=1, warmup_steps=1, **chosen)
