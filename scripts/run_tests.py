@@ -28,6 +28,7 @@ PARALLEL_GROUPS = {
     "torch": [2, 3, 4],
     "tensorflow": [2, 3, 4],
     "worlds": [4],  # several Horovod jobs inside one mpirun: its scenarios name four processes
+    "scale": [8, 16],  # the exchange on recorded selections at high P only (a few short tests)
 }
 MPIRUN_WALL_SECONDS = 900
 

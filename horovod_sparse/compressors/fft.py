@@ -26,7 +26,7 @@ class FFTCompressor(OutOfBandCompressor):
             mantissa bits: relative error <= 1/16 inside a 15-binade window per block),
             small next to the 4-byte position and the error the drop already makes.
         chunk_size: elements per transformed chunk, >= 2. Default 1024: on the gradients
-            of a digits MLP (scripts/fft_chunk_study.py, docs/fft.md) shorter chunks keep
+            of a digits MLP (studies/fft_chunk_study.py, docs/fft.md) shorter chunks keep
             more of the gradient's energy at a given theta (0.854 at 1024, 0.834 at 4096,
             0.630 for one transform of the whole buffer); float32 transforms take about
             the same time at 256, 1024 and 4096.

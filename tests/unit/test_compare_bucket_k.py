@@ -1,4 +1,4 @@
-"""scripts/compare_bucket_k.py for real: two short trainings at P = 2 and the table."""
+"""studies/compare_bucket_k.py for real: two short trainings at P = 2 and the table."""
 import json
 import os
 import shutil

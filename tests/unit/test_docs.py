@@ -2,7 +2,7 @@
 
 1. No tracker words: the project's issue tracker is internal, so words that point into it (an
    issue or stop number, a numbered or otherwise named meeting) tell a reader nothing.
-   Checked in the docs, README.md, horovod_sparse/, tests/ and scripts/; every hit is listed as
+   Checked in the docs, README.md, horovod_sparse/, tests/, scripts/ and studies/; every hit is listed as
    file:line. Framework sessions (pytest's ``scope="session"``, TensorFlow's ``Session``,
    ``setsid``'s process sessions) do not match: the patterns need a number or a determiner.
 2. Code blocks run: a fenced ```python block whose first line is
@@ -132,6 +132,7 @@ AREAS = {
     "horovod_sparse": lambda: list(code_files("horovod_sparse")),
     "tests": lambda: list(code_files("tests")),
     "scripts": lambda: list(code_files("scripts")),
+    "studies": lambda: list(code_files("studies")),
 }
 
 

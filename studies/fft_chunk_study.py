@@ -8,7 +8,7 @@ for several ``chunk_size`` values at one theta, next to time-domain top-k keepin
 same number of floats (each kept complex coefficient is two floats). No quantization,
 no error feedback: the drop alone. Single process, no MPI.
 
-    .venv/bin/python scripts/fft_chunk_study.py
+    .venv/bin/python studies/fft_chunk_study.py
 """
 import argparse
 

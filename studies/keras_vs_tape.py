@@ -5,8 +5,8 @@ prints the median step and the median time inside the compressor's host call (th
 ``tf.numpy_function`` of :mod:`horovod_sparse.tensorflow.bucket_exchange`, timed by wrapping it).
 
     mpirun -np 2 --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 \\
-        -x TF_USE_LEGACY_KERAS=1 .venv/bin/python scripts/keras_vs_tape.py topk:density=0.01
-    mpirun ... scripts/keras_vs_tape.py dense        # Horovod's own allreduce
+        -x TF_USE_LEGACY_KERAS=1 .venv/bin/python studies/keras_vs_tape.py topk:density=0.01
+    mpirun ... studies/keras_vs_tape.py dense        # Horovod's own allreduce
 """
 import os, time, statistics, sys
 os.environ["TF_USE_LEGACY_KERAS"]="1"

@@ -5,7 +5,7 @@ MPI calls' time per step (``CountingComm``'s collectives, timed by wrapping them
 
     python scripts/netem.py --rate 1gbit -np 2 --mpirun-args="--bind-to none --mca mpi_yield_when_idle 1 \\
         -x OMPI_ALLOW_RUN_AS_ROOT -x TF_CPP_MIN_LOG_LEVEL=2 -x OMP_NUM_THREADS=1" -- \\
-        $PWD/.venv/bin/python scripts/bf16_steps.py tf bf16:method=allgather      # or: torch
+        $PWD/.venv/bin/python studies/bf16_steps.py tf bf16:method=allgather      # or: torch
 """
 import os, sys, time, statistics
 os.environ["TF_USE_LEGACY_KERAS"]="1"

@@ -4,11 +4,11 @@ as well as keeping ``density`` of the whole step (``after_backward``, Ok-Topk's 
 one global k)? Trains the same student network to fit a fixed teacher, at P ranks, through
 the stock ``hvd.DistributedOptimizer``, once per spec, and compares the loss curves.
 
-    python scripts/compare_bucket_k.py                               # P = 2, the default specs
-    python scripts/compare_bucket_k.py --specs topk:density=0.01 topk:density=0.01,schedule=wfbp \\
+    python studies/compare_bucket_k.py                               # P = 2, the default specs
+    python studies/compare_bucket_k.py --specs topk:density=0.01 topk:density=0.01,schedule=wfbp \\
         --steps 100 --out results/bucket-k.jsonl
 
-The driver launches ``mpirun -np P python scripts/compare_bucket_k.py --worker SPEC`` per spec
+The driver launches ``mpirun -np P python studies/compare_bucket_k.py --worker SPEC`` per spec
 (every spec from the same seeds: same data, same initial weights); rank 0 appends one JSON
 line (spec, the loss every 10 steps, the final loss as the mean of the last 20 steps, the
 schedule's buckets) to ``--out`` and the driver prints the table.
