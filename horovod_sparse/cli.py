@@ -59,7 +59,7 @@ def build_parser():
                         "compressor's compress+decompress cost on this device; write a JSON trace. "
                         "--model names a factory returning a torch.nn.Module with example_batch(B), or "
                         "(model, make_batch) or (model, make_batch, loss_fn); make_batch(B) returns "
-                        "(x, y) or x. See docs/whatif.md.")
+                        "(x, y) or x. See docs/choosing.md and docs/results/whatif.md.")
     pr.add_argument("--model", required=True, metavar="PKG.MODULE:FACTORY",
                     help="e.g. horovod_sparse.whatif.models:mlp5")
     pr.add_argument("--batch", required=True, type=_positive_int, help="batch size per worker")
