@@ -14,7 +14,27 @@ of (t1 - t0) over ranks, and the reported time is the median over the repeats.
 Traffic is what the engine counted for this rank (``res.traffic``), averaged over
 the timed calls, reported as the max and the mean over ranks.
 
+Recorded selections instead (``--selections FILE --step S``, a file written by
+``scripts/record_selections.py``): rank r exchanges the top-k selection of simulated rank r
+of real training at recorded step S (n and k come from the file; P must not exceed the
+ranks recorded), so the ranks' selections overlap as real ones do. Every record also holds
+each timed call's counts per rank (``per_call``: bytes and messages each way, control bytes,
+the result's entries) and the number of the first timed call (``first_call``: the calls
+before it were the warm-up), so that a call that repartitions or computes an exact threshold
+can be told apart.
+
 Rank 0 prints a table and appends one JSON object per algorithm to ``--out``.
+
+``--report RECORDS.jsonl`` (no MPI) reads such records back and prints, per algorithm and P,
+the counted volume per rank and call against the closed forms of
+:mod:`horovod_sparse.whatif.volumes`, from (n, k, P) alone and fed the data of
+``--selections`` (markdown: printed, ``--table-out``, or a page's generated block,
+``--page``), and plots it (``--plot``):
+
+    python scripts/bench_exchange.py --report docs/results/data/oktopk-scale/counts.jsonl \
+        --selections docs/results/data/oktopk-scale/selections.npz \
+        --plot docs/results/oktopk-scale.png --page docs/results/oktopk-scale.md
+
 When horovod_sparse.exchange cannot be imported, only ``dense`` is available,
 done directly with mpi4py's ``Allreduce`` (traffic then comes from the ring model,
 marked ``"traffic_source": "model"``).
@@ -132,6 +152,19 @@ def parse_args(argv=None):
     p.add_argument("--no-table", action="store_true", help="do not print the table")
     p.add_argument("--check", action="store_true",
                    help="compare the last result with a dense MPI reference sum (slow at large n)")
+    p.add_argument("--selections", default=None,
+                   help="recorded selections (.npz of scripts/record_selections.py): rank r sends "
+                        "simulated rank r's; n and k come from the file (with --report: the "
+                        "data for the data-fed closed forms)")
+    p.add_argument("--step", type=int, default=None,
+                   help="which recorded step of --selections (default: the first)")
+    p.add_argument("--report", default=None, metavar="RECORDS.jsonl",
+                   help="no MPI: tabulate and plot counted volumes against the closed forms")
+    p.add_argument("--plot", default=None, help="with --report: save the plot here (.png)")
+    p.add_argument("--table-out", default=None, help="with --report: write the markdown tables here")
+    p.add_argument("--page", default=None,
+                   help="with --report: rewrite the page's <!-- oktopk-scale:begin/end --> block "
+                        "with the tables (scripts/doc_block.py)")
     a = p.parse_args(argv)
     if a.n < 1 or not (0 < a.density <= 1) or a.repeats < 1 or a.warmup < 0:
         p.error("need n >= 1, 0 < density <= 1, repeats >= 1, warmup >= 0")
@@ -139,12 +172,17 @@ def parse_args(argv=None):
     return a
 
 
+#: per call and rank: the Traffic fields kept in a record's ``per_call``
+CALL_FIELDS = ("bytes_sent", "bytes_received", "messages_sent", "messages_received",
+               "control_bytes_sent")
+
+
 def bench_one(make, algorithm, idx, vals, args, comm):
     ex = make()
     try:
         for _ in range(args.warmup):
             ex.allreduce(idx, vals)
-        times, sent, recv, msgs, payload = [], [], [], [], []
+        times, sent, recv, msgs, payload, calls = [], [], [], [], [], []
         for _ in range(args.repeats):
             comm.Barrier()
             t0 = time.perf_counter()
@@ -156,15 +194,39 @@ def bench_one(make, algorithm, idx, vals, args, comm):
             recv.append(tr.bytes_received)
             msgs.append(tr.messages_sent)
             payload.append(getattr(tr, "payload_bytes_sent", tr.bytes_sent))
+            nnz_call = None if algorithm == "dense" else int(np.asarray(res.indices).size)
+            calls.append(([int(getattr(tr, f, 0)) for f in CALL_FIELDS], nnz_call))
         comm.Barrier()
         nnz = None if algorithm == "dense" else int(np.asarray(res.indices).size)
         err = check(res, algorithm, idx, vals, args.n, comm) if args.check else None
     finally:
         ex.close()
     mine = (float(np.mean(sent)), float(np.mean(recv)), float(np.mean(msgs)),
-            float(np.mean(payload)))
+            float(np.mean(payload)), calls)
     per_rank = comm.gather(mine, root=0)
     return times, per_rank, nnz, err
+
+
+def per_call_record(per_rank):
+    """``[{field: [per rank], "result_nnz": int}, ...]``, one entry per timed call."""
+    out = []
+    for c in range(len(per_rank[0][4])):
+        entry = {f: [r[4][c][0][i] for r in per_rank] for i, f in enumerate(CALL_FIELDS)}
+        entry["result_nnz"] = per_rank[0][4][c][1]
+        out.append(entry)
+    return out
+
+
+def load_selections(path, step=None):
+    """``(indices (P, k) int32, values (P, k) float32, step, n, k, meta)`` of one recorded step."""
+    with np.load(path) as f:
+        steps = f["steps"].tolist()
+        step = steps[0] if step is None else int(step)
+        if step not in steps:
+            raise SystemExit(f"step {step} is not recorded in {path} (have {steps})")
+        row = steps.index(step)
+        return (f["indices"][row], f["values"][row], step, int(f["n"]), int(f["k"]),
+                json.loads(str(f["meta"])))
 
 
 def check(res, algorithm, idx, vals, n, comm):
@@ -187,6 +249,8 @@ def check(res, algorithm, idx, vals, n, comm):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.report:
+        return report(args)
     comm = MPI.COMM_WORLD
     rank, P = comm.Get_rank(), comm.Get_size()
     SparseAllreduce, available, why = _load_engine()
@@ -199,10 +263,22 @@ def main(argv=None):
                 print(msg, file=sys.stderr)
             return 2
     rate = args.rate or os.environ.get(RATE_ENV, "unknown")
-    k = max(1, int(round(args.density * args.n)))
-
     t_in = time.perf_counter()
-    idx, vals = make_inputs(args.n, k, args.seed, rank)
+    inputs = "uniform random"
+    if args.selections:
+        sel_idx, sel_vals, args.step, args.n, k, _ = load_selections(args.selections, args.step)
+        if P > sel_idx.shape[0]:
+            if rank == 0:
+                print(f"{args.selections} holds {sel_idx.shape[0]} ranks, fewer than P = {P}",
+                      file=sys.stderr)
+            return 2
+        args.density = k / args.n
+        idx, vals = sel_idx[rank].astype(np.int64), np.ascontiguousarray(sel_vals[rank])
+        inputs = f"selections {os.path.relpath(os.path.abspath(args.selections), _REPO)} step {args.step}"
+        del sel_idx, sel_vals
+    else:
+        k = max(1, int(round(args.density * args.n)))
+        idx, vals = make_inputs(args.n, k, args.seed, rank)
     t_in = comm.allreduce(time.perf_counter() - t_in, op=MPI.MAX)
 
     records = []
@@ -231,6 +307,8 @@ def main(argv=None):
             "bytes_received_per_rank_max": max(recv),
             "messages_sent_per_rank_max": max(msgs),
             "payload_bytes_sent_per_rank_max": max(r[3] for r in per_rank),
+            "inputs": inputs, "selections_step": args.step if args.selections else None,
+            "first_call": args.warmup, "per_call": per_call_record(per_rank),
             "result_nnz": nnz, "check_max_abs_err": err,
             "theory_bytes_low": lo, "theory_bytes_high": hi,
             "traffic_source": "engine" if SparseAllreduce is not None else "model",
@@ -250,6 +328,244 @@ def main(argv=None):
               + (f" check err {err:.3g}" if err is not None else ""), flush=True)
     if rank == 0 and records and not args.no_table:
         print_table(records)
+    return 0
+
+
+# ------------------------------------------------------------------ report (no MPI)
+def _oktopk_schedule(call, tau=64, tau_prime=32):
+    """(repartition, exact threshold) of Ok-Topk's call number ``call`` at the defaults
+    (an input that changes between calls may also force an exact threshold)."""
+    return call % tau == 0, call % tau_prime == 0
+
+
+def closed_forms(algorithm, n, k, P, call, nnz=None, data=None):
+    """Per-rank :class:`~horovod_sparse.whatif.volumes.Volume` lists of one call: from (n, k, P)
+    alone (the uniform model) and, with ``data`` = (the P ranks' index arrays, value arrays),
+    fed the quantities the data decide (regions, overlaps, selected counts)."""
+    from horovod_sparse.whatif import volumes as vol
+    model_kw, data_kw = {}, {}
+    if algorithm == "oktopk":
+        repartition, exact = _oktopk_schedule(call)
+        model_kw = data_kw = dict(repartition=repartition, exact=exact)
+    if algorithm == "gtopk" and nnz is not None:
+        model_kw = data_kw = dict(selected=nnz)
+    model = [vol.volume(algorithm, n, k, P, r, **model_kw) for r in range(P)]
+    if data is None:
+        return model, None
+    selections, values = data
+    if algorithm == "dsa":
+        data_kw = dict(stats=vol.data_stats(selections, [(j * n) // P for j in range(P + 1)]))
+    elif algorithm == "oktopk":
+        bounds = vol.oktopk_bounds(selections, n)
+        data_kw = dict(data_kw, stats=vol.data_stats(selections, bounds),
+                       selected_per_region=vol.selected_per_region(selections, values, bounds, k))
+    return model, [vol.volume(algorithm, n, k, P, r, **data_kw) for r in range(P)]
+
+
+def report_rows(records, selections=None):
+    """One row per (algorithm, P, call) of the records that used recorded selections."""
+    from horovod_sparse.whatif import volumes as vol
+    rows, cache = [], {}
+    for rec in records:
+        n, k, P, alg = rec["n"], rec["k"], rec["P"], rec["algorithm"]
+        data = None
+        if selections is not None and rec.get("selections_step") is not None:
+            key = (rec["selections_step"], P)
+            if key not in cache:
+                idx, vals, *_ = load_selections(selections, rec["selections_step"])
+                cache[key] = ([np.asarray(i, np.int64) for i in idx[:P]], list(vals[:P]))
+            data = cache[key]
+        for c, call in enumerate(rec["per_call"]):
+            number = rec.get("first_call", 0) + c
+            model, fed = closed_forms(alg, n, k, P, number, call.get("result_nnz"), data)
+            sent = np.array(call["bytes_sent"], float)
+            row = {"algorithm": alg, "P": P, "call": number, "n": n, "k": k,
+                   "step": rec.get("selections_step"), "nnz": call.get("result_nnz"),
+                   "sent_mean": sent.mean(), "sent_max": sent.max(),
+                   "received_mean": float(np.mean(call["bytes_received"])),
+                   "messages_mean": float(np.mean(call["messages_sent"])),
+                   "messages_max": float(np.max(call["messages_sent"])),
+                   "model_sent": float(np.mean([v.bytes_sent for v in model])),
+                   "model_messages": float(np.mean([v.messages_sent for v in model])),
+                   "paper_bytes": 4.0 * vol.paper_elements(alg, n, k, P)}
+            if fed is not None:
+                exact = all(float(v.bytes_sent) == s and float(v.bytes_received) == r
+                            and float(v.messages_sent) == m
+                            for v, s, r, m in zip(fed, call["bytes_sent"], call["bytes_received"],
+                                                  call["messages_sent"]))
+                row.update(data_sent=float(np.mean([v.bytes_sent for v in fed])),
+                           data_messages=float(np.mean([v.messages_sent for v in fed])),
+                           data_exact_every_rank=exact)
+            rows.append(row)
+    return rows
+
+
+def _same_counts(a, b):
+    keys = ("sent_mean", "sent_max", "received_mean", "messages_mean", "nnz")
+    return all(a[x] == b[x] for x in keys)
+
+
+def volume_table(rows, step):
+    """Markdown: per algorithm and P, the counted volume at recorded step ``step`` against the
+    closed forms (calls with identical counts shown once, as "all")."""
+    head = ("| algorithm | P | call | sent B/rank (mean) | sent (busiest rank) | received (mean) | "
+            "messages sent: mean / busiest (closed form) | closed form from (n, k, P) | ratio | closed form fed "
+            "the data | ratio | paper (elements x 4 B) | counted / paper |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    mine = [r for r in rows if r["step"] == step]
+    for alg in ALGORITHM_ORDER:
+        for P in sorted({r["P"] for r in mine if r["algorithm"] == alg}):
+            calls = sorted((r for r in mine if r["algorithm"] == alg and r["P"] == P),
+                           key=lambda r: r["call"])
+            if all(_same_counts(calls[0], c) for c in calls[1:]):
+                calls = [dict(calls[0], call="all")]
+            for r in calls:
+                fed = (f"{r['data_sent']:,.0f}{'' if r['data_exact_every_rank'] else ' (not every rank)'} | "
+                       f"{r['sent_mean'] / r['data_sent']:.4f}") if "data_sent" in r else "- | -"
+                lines.append(
+                    f"| {_LABELS[alg]} | {P} | {r['call']} | {r['sent_mean']:,.0f} | {r['sent_max']:,.0f} | "
+                    f"{r['received_mean']:,.0f} | {r['messages_mean']:.1f} / {r['messages_max']:.0f} "
+                    f"({r['model_messages']:.1f}) | "
+                    f"{r['model_sent']:,.0f} | {r['sent_mean'] / r['model_sent']:.4f} | {fed} | "
+                    f"{r['paper_bytes']:,.0f} | {r['sent_mean'] / r['paper_bytes']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def ratio_table(rows):
+    """Markdown: counted / closed form from (n, k, P), range over the recorded steps, per
+    algorithm (Ok-Topk: its first and its later calls) and P."""
+    Ps = sorted({r["P"] for r in rows})
+    steps = sorted({r["step"] for r in rows if r["step"] is not None})
+    head = "| algorithm | " + " | ".join(f"P = {p}" for p in Ps) + " |"
+    lines = [f"counted / closed form from (n, k, P), bytes sent per rank (mean over ranks); "
+             f"lowest-highest over the recorded steps {', '.join(map(str, steps))}", "",
+             head, "|" + " --- |" * (len(Ps) + 1)]
+    variants = []
+    for alg in ALGORITHM_ORDER:
+        if alg == "oktopk":
+            variants += [(alg, "first call", lambda r: r["call"] == 0),
+                         (alg, "later call", lambda r: r["call"] > 0)]
+        else:
+            variants.append((alg, "", lambda r: True))
+    for alg, label, keep in variants:
+        cells = []
+        for P in Ps:
+            q = [r["sent_mean"] / r["model_sent"] for r in rows
+                 if r["algorithm"] == alg and r["P"] == P and keep(r)]
+            cells.append("-" if not q else f"{min(q):.3f}" if round(min(q), 3) == round(max(q), 3)
+                         else f"{min(q):.3f}-{max(q):.3f}")
+        if cells and any(c != "-" for c in cells):
+            name = _LABELS[alg] + (f", {label}" if label else "")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    fed = [r for r in rows if "data_sent" in r]
+    if fed:
+        exact = all(r["data_exact_every_rank"] for r in fed)
+        lines += ["", f"closed form fed the data: {len(fed)} (algorithm, P, step, call) cases, "
+                  + ("equal to the counters on every rank (bytes each way, messages sent)" if exact
+                     else "NOT equal to the counters on every rank")]
+    return "\n".join(lines) + "\n"
+
+
+def causes_table(records, selections, step):
+    """Markdown: the data-decided quantities behind the differences from the (n, k, P) forms,
+    at recorded step ``step``: the union of the selections against the independent-uniform
+    one (TopkDSA), TopkDSA's dense regions, and Ok-Topk's extra bytes per rank from its first
+    phase (fewer own entries in the own region than k/P) and from the balancing moves."""
+    from horovod_sparse.whatif import volumes as vol
+    idx, vals, *_ = load_selections(selections, step)
+    n, k = records[0]["n"], records[0]["k"]
+    head = ("| P | union of the selections | uniform model's union | ratio | TopkDSA regions sent dense | "
+            "Ok-Topk phase 1 extra B/rank | Ok-Topk balancing B/rank | Ok-Topk extra, total | "
+            "own region / (k/P), mean (min-max) |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for P in sorted({r["P"] for r in records}):
+        sel = [np.asarray(i, np.int64) for i in idx[:P]]
+        union = np.unique(np.concatenate(sel)).size
+        model_union = n * (1.0 - (1.0 - k / n) ** P)
+        equal = vol.data_stats(sel, [(j * n) // P for j in range(P + 1)])
+        dense_regions = sum(1 for u, length in zip(equal.union, equal.length) if u * 8 > length * 4)
+        bounds = vol.oktopk_bounds(sel, n)
+        st = vol.data_stats(sel, bounds)
+        spr = vol.selected_per_region(sel, list(vals[:P]), bounds, k)
+        phase1 = np.mean([(c - o) * 8 for c, o in zip(st.counts, st.own)]) - 8 * k * (P - 1) / P
+        balancing = np.mean([vol._balance(spr, P, r, 8).bytes_sent for r in range(P)]) \
+            - np.mean([vol._balance([(q + 1) * k // P - q * k // P for q in range(P)], P, r, 8).bytes_sent
+                       for r in range(P)])
+        share = [o / (k / P) for o in st.own]
+        lines.append(f"| {P} | {union:,} | {model_union:,.0f} | {union / model_union:.3f} | "
+                     f"{dense_regions} of {P} | {phase1:,.0f} | {balancing:,.0f} | "
+                     f"{phase1 + balancing:,.0f} | {np.mean(share):.3f} ({min(share):.3f}-{max(share):.3f}) |")
+    return f"what the data decide, recorded step {step}\n\n" + "\n".join(lines) + "\n"
+
+
+def markdown_table(rows, step=None):
+    steps = sorted({r["step"] for r in rows if r["step"] is not None}) or [None]
+    step = steps[len(steps) // 2] if step is None else step
+    return (f"recorded step {step}\n\n" + volume_table(rows, step) + "\n" + ratio_table(rows)), step
+
+
+ALGORITHM_ORDER = ("dense", "allgather", "gtopk", "dsa", "oktopk")
+_LABELS = {"dense": "dense (ring)", "allgather": "TopkA", "gtopk": "gTop-k", "dsa": "TopkDSA",
+           "oktopk": "Ok-Topk"}
+
+
+def plot_rows(rows, path, step=None):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    steady = [r for r in rows if (r["algorithm"] != "oktopk" or r["call"] > 0)
+              and (step is None or r["step"] == step)]
+    fig, (ax, am) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, alg in enumerate(ALGORITHM_ORDER):
+        mine = sorted((r for r in steady if r["algorithm"] == alg), key=lambda r: r["P"])
+        by_p = {}
+        for r in mine:  # one point per P (a later call: Ok-Topk's first one also repartitions)
+            by_p.setdefault(r["P"], r)
+        if not by_p:
+            continue
+        ps = sorted(by_p)
+        color = f"C{i}"
+        ax.plot(ps, [by_p[p]["sent_mean"] for p in ps], "o-", color=color, label=f"{_LABELS[alg]} counted")
+        ax.plot(ps, [by_p[p]["model_sent"] for p in ps], "--", color=color, alpha=0.6)
+        ax.plot(ps, [by_p[p]["paper_bytes"] for p in ps], ":", color=color, alpha=0.6)
+        am.plot(ps, [by_p[p]["messages_mean"] for p in ps], "o-", color=color, label=_LABELS[alg])
+    r0 = rows[0]
+    ax.set(xscale="log", yscale="log", xlabel="P (ranks)", ylabel="bytes sent per rank per call (mean)")
+    fig.suptitle(f"n = {r0['n']:,}, k = {r0['k']:,}, recorded step {step}: counted (o), closed form "
+                 "from (n, k, P) (--), the paper's elements x 4 B (:, TopkDSA: its upper end)", fontsize=9)
+    am.set(xscale="log", xlabel="P (ranks)", ylabel="messages sent per rank per call (mean)")
+    for a in (ax, am):
+        a.set_xticks(sorted({r["P"] for r in rows}))
+        a.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        a.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
+        a.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def report(args):
+    with open(args.report) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    records = [r for r in records if r.get("per_call")]
+    if not records:
+        print(f"no records with per-call counts in {args.report}", file=sys.stderr)
+        return 2
+    rows = report_rows(records, args.selections)
+    table, step = markdown_table(rows, args.step)
+    if args.selections and step is not None:
+        table += "\n" + causes_table(records, args.selections, step)
+    print(table)
+    if args.table_out:
+        with open(args.table_out, "w") as f:
+            f.write(table)
+    if args.page:
+        sys.path.insert(0, os.path.join(_REPO, "scripts"))
+        from doc_block import replace_block
+        replace_block(args.page, "oktopk-scale", table)
+    if args.plot:
+        plot_rows(rows, args.plot, step)
+        print(f"[report] plot {args.plot}")
     return 0
 
 
