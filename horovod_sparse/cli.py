@@ -101,6 +101,12 @@ def build_parser():
     what.add_argument("--auto", nargs="*", metavar="SPEC",
                       help="what Compression.auto would pick, per gradient, among these candidates "
                       "(default: fp16 topk:density=0.01 powersgd:rank=2); see docs/auto.md")
+    what.add_argument("--sparse-allreduce", action="store_true",
+                      help="which sparse allreduce of the engine (dense, TopkA, gTop-k, TopkDSA, Ok-Topk) is "
+                      "predicted fastest for the trace's gradient at each --workers and --bandwidth "
+                      "(costs fitted to timed exchanges; docs/results/oktopk-scale.md)")
+    wi.add_argument("--density", type=_positive_float, default=0.01,
+                    help="with --sparse-allreduce: k = density x the gradient's elements (default 0.01)")
     wi.add_argument("--rule", choices=RULES, default=None,
                     help="bucket rule (default: horovod for named compressors, netai for --ratio)")
     wi.add_argument("--no-latency", action="store_true", help="drop the latency term (as the paper)")
@@ -259,6 +265,8 @@ def cmd_whatif(args, parser, out):
         parser.error(f"TRACE: {e}")
     if args.auto is not None:
         return cmd_whatif_auto(args, parser, trace, out)
+    if args.sparse_allreduce:
+        return cmd_whatif_sparse(args, parser, trace, out)
     compressors, ratios = args.compressors, args.ratio
     if compressors is None and ratios is None:
         if trace.compressors:
@@ -365,6 +373,36 @@ def cmd_whatif_auto(args, parser, trace, out):
         if spec not in ("none", "fp16") and spec not in trace.compressors:
             print(f"note: the trace has no codec cost for {spec}: counted as free (profile it with "
                   f"`horovod-sparse profile --compressors {spec}`)", file=out)
+    return 0
+
+
+def cmd_whatif_sparse(args, parser, trace, out):
+    """``whatif --sparse-allreduce``: per cluster size and link, one exchange of the trace's
+    gradient by each of the engine's algorithms (:mod:`horovod_sparse.whatif.exchange_cost`)."""
+    from horovod_sparse.whatif import exchange_cost as ec
+    if args.density > 1:
+        parser.error("--density must be in (0, 1]")
+    n = int(trace.nbytes // 4)
+    k = max(1, int(round(args.density * n)))
+    names = {"dense": "dense", "allgather": "TopkA", "gtopk": "gTop-k", "dsa": "TopkDSA", "oktopk": "Ok-Topk"}
+    cells = []
+    for w in args.workers:
+        for g in args.bandwidth:
+            best, times = ec.fastest(n, k, w, ec.default_cost(g))
+            cells.append((w, g, best, times))
+    if args.json:
+        json.dump([{"workers": w, "gbps": g, "fastest": best, "n": n, "k": k, "seconds": times}
+                   for w, g, best, times in cells], out)
+        out.write("\n")
+        return 0
+    base = ec.default_cost(1.0)
+    print(f"{trace.model}: n = {n:,} elements, k = {k:,} (density {args.density:g}); one exchange, predicted "
+          f"from the closed forms with {base.alpha_s * 1e6:.0f} us per message and "
+          f"{base.per_byte_received_s * 1e9:.2f} ns per byte received (fitted; docs/results/oktopk-scale.md)",
+          file=out)
+    _table("predicted ms per exchange", ["workers", "Gbit/s"] + list(names.values()) + ["fastest"],
+           [[str(w), f"{g:g}"] + [f"{times[a] * 1e3:,.1f}" for a in names] + [names[best]]
+            for w, g, best, times in cells], out)
     return 0
 
 

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Fit the exchange cost model to timed exchanges, check it, and predict to P = 1024 (no MPI).
+
+    python scripts/predict_scale.py \
+        --records docs/results/data/oktopk-scale/timed-1gbit.jsonl docs/results/data/oktopk-scale/timed-10gbit.jsonl \
+        --selections docs/results/data/oktopk-scale/selections.npz \
+        --plot docs/results/oktopk-scale-predicted.png --page docs/results/oktopk-scale.md
+
+Per link (the records' ``rate``): :func:`horovod_sparse.whatif.exchange_cost.fit` of the
+per-message, per-byte and per-byte-received costs from every record of that link, the
+predicted against the measured time of each (algorithm, P), then, with the 10 Gbit/s fit's
+per-message and local costs on nominal 10, 25 and 100 Gbit/s links, one exchange at
+P = 16-1024 for a BERT-base-sized gradient and the two workloads' sizes (density 0.01), the P
+from which Ok-Topk is faster than each other algorithm, and one training step of the shipped
+NetAI'20 traces (the fused exchange after backward). The overlap of the selections (TopkDSA's
+union; Ok-Topk's only through the exact threshold's gather) is the measured trend of
+``--selections`` (``--overlap uniform``: independent selections, the largest union).
+The markdown goes to stdout and, with ``--page``, into the page's
+``<!-- oktopk-predict:begin/end -->`` block.
+"""
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+
+import numpy as np
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from horovod_sparse.whatif import exchange_cost as ec  # noqa: E402
+from horovod_sparse.whatif import volumes as vol  # noqa: E402
+
+ORDER = ("dense", "allgather", "gtopk", "dsa", "oktopk")
+LABELS = {"dense": "dense (ring)", "allgather": "TopkA", "gtopk": "gTop-k", "dsa": "TopkDSA",
+          "oktopk": "Ok-Topk"}
+#: gradient sizes (elements) predicted: BERT-base, and the two real workloads' models
+MODELS = {"BERT-base (110M)": 110_000_000, "transformer LM (19.2M)": 19_200_000,
+          "ResNet-18 (11.2M)": 11_200_000}
+LINKS = (10, 25, 100)
+PS = [2 ** i for i in range(4, 11)]
+TRACES = ("resnet50", "vgg16")
+
+
+def load_records(paths):
+    out = []
+    for path in paths:
+        with open(path) as f:
+            out += [json.loads(line) for line in f if line.strip()]
+    return [r for r in out if r.get("per_call")]
+
+
+def by_link(records):
+    links = {}
+    for r in records:
+        links.setdefault(r["rate"], []).append(r)
+    return dict(sorted(links.items(), key=lambda kv: _gbps(kv[0])))
+
+
+def _gbps(rate):
+    t = rate.lower().replace("bit", "")
+    mult = {"g": 1.0, "m": 1e-3, "k": 1e-6}.get(t[-1:], None)
+    return float(t[:-1]) * mult if mult else float(t) / 1e9
+
+
+def overlap_trend(selections, step, Ps=(2, 4, 8, 16, 32)):
+    with np.load(selections) as f:
+        row = f["steps"].tolist().index(step)
+        idx, k = f["indices"][row], int(f["k"])
+    unions = {P: np.unique(idx[:P].astype(np.int64)).size for P in Ps if P <= idx.shape[0]}
+    return ec.Overlap.fitted(unions, k), unions
+
+
+def fit_section(links, step=None):
+    """Per link alone, and joint (a bandwidth per link; alpha and gamma shared)."""
+    mine = {rate: [r for r in recs if step is None or r.get("selections_step") == step]
+            for rate, recs in links.items()}
+    joint = ec.fit_links(mine)
+    lines = ["| fit | link | records | per message alpha (us) | per byte sent beta (ns) = effective Gbit/s | "
+             "local work per byte received gamma (ns) |", "| --- | --- | --- | --- | --- | --- |"]
+    own = {}
+    for rate, recs in mine.items():
+        for label, c in (("this link alone", ec.fit(recs)), ("this link alone, no gamma", ec.fit(recs, local=False)),
+                         ("joint (alpha, gamma shared)", joint[rate])):
+            if label == "this link alone":
+                own[rate] = c
+            lines.append(f"| {label} | {rate} | {len(recs)} | {c.alpha_s * 1e6:.1f} | {c.beta_s * 1e9:.3f} = "
+                         f"{c.network.gbps:.2f} | {c.per_byte_received_s * 1e9:.3f} |")
+    return "\n".join(lines) + "\n", joint, own
+
+
+def validation_section(links, fits, own):
+    lines = ["| link | step | algorithm | P | messages (critical) | MB sent (critical) | MB received (busiest) | "
+             "measured ms (median) | min-max ms | predicted ms (joint fit) | error | predicted (link alone) | error |",
+             "|" + " --- |" * 13]
+    errors = []
+    for rate, recs in links.items():
+        rows = ec.validation(recs, fits[rate])
+        alone = {id(r): (p, e) for r, p, _, e in ec.validation(recs, own[rate])}
+        rows.sort(key=lambda x: (x[0].get("selections_step") or 0, ORDER.index(x[0]["algorithm"]), x[0]["P"]))
+        for rec, p, m, e in rows:
+            f = ec.features(rec)
+            p2, e2 = alone[id(rec)]
+            errors.append((rate, rec.get("selections_step"), rec["algorithm"], rec["P"], e))
+            lines.append(f"| {rate} | {rec.get('selections_step')} | {LABELS[rec['algorithm']]} | {rec['P']} | "
+                         f"{f.messages:.0f} | {f.bytes_sent / 1e6:.3f} | {f.bytes_received / 1e6:.3f} | {m * 1e3:.1f} | "
+                         f"{rec['min_s'] * 1e3:.1f}-{rec['max_s'] * 1e3:.1f} | {p * 1e3:.1f} | {e:+.0%} | "
+                         f"{p2 * 1e3:.1f} | {e2:+.0%} |")
+    lines.append("")
+    for step in sorted({x[1] for x in errors}, key=lambda s: s or 0):
+        for rate in links:
+            mine = [x for x in errors if x[1] == step and x[0] == rate]
+            if not mine:
+                continue
+            within = sum(1 for *_, e in mine if abs(e) <= 0.2)
+            lines.append(f"joint fit, {rate}, recorded step {step}: {within} of {len(mine)} cases within 20%; "
+                         f"largest error {max(abs(e) for *_, e in mine):.0%}; mean |error| "
+                         f"{np.mean([abs(e) for *_, e in mine]):.0%}  ")
+    return "\n".join(lines) + "\n", errors
+
+
+def prediction_tables(base, overlap):
+    out, sweeps = [], {}
+    for gbps in LINKS:
+        cost = base.on_link(gbps)
+        for name, n in MODELS.items():
+            k = int(round(0.01 * n))
+            sweeps[(gbps, name)] = ec.sweep(n, k, PS, cost, ORDER, overlap)
+    # seconds per exchange, BERT-base
+    name = next(iter(MODELS))
+    head = "| link | algorithm | " + " | ".join(f"P = {p}" for p in PS) + " |"
+    lines = [f"one exchange, {name}, density 0.01: predicted ms (busiest rank's counts from the closed forms; "
+             "Ok-Topk: mean over its 64-call cycle)", "", head, "|" + " --- |" * (len(PS) + 2)]
+    for gbps in LINKS:
+        t = sweeps[(gbps, name)]
+        best = [min(ORDER, key=lambda a: t[a][i]) for i in range(len(PS))]
+        for a in ORDER:
+            cells = [(f"**{t[a][i] * 1e3:,.0f}**" if best[i] == a else f"{t[a][i] * 1e3:,.0f}")
+                     for i in range(len(PS))]
+            lines.append(f"| {gbps} Gbit/s | {LABELS[a]} | " + " | ".join(cells) + " |")
+    out.append("\n".join(lines) + "\n")
+    # crossovers
+    lines = ["from which P (of 16-1024) Ok-Topk is predicted faster than each, at every larger P "
+             "(\"always\": from 16 on; \"only up to\": faster at small P, slower from the next P on; \"never\": "
+             "at no P); fastest at P = 16 and 1024", "",
+             "| gradient | link | vs TopkA | vs gTop-k | vs TopkDSA | vs dense | fastest at 16 | fastest at 1024 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    cross = {}
+    for name in MODELS:
+        for gbps in LINKS:
+            t = sweeps[(gbps, name)]
+            cells = []
+            for other in ("allgather", "gtopk", "dsa", "dense"):
+                c = ec.crossover(t, PS, "oktopk", other)
+                cross[(name, gbps, other)] = c
+                lead = ec.lead_until(t, PS, "oktopk", other)
+                if c is not None:
+                    cells.append("always" if c == PS[0] else f"from P = {c}")
+                elif lead is not None:
+                    cells.append(f"only up to P = {lead}")
+                else:
+                    cells.append("never")
+            first = min(ORDER, key=lambda a: t[a][0])
+            last = min(ORDER, key=lambda a: t[a][-1])
+            lines.append(f"| {name} | {gbps} Gbit/s | " + " | ".join(cells) +
+                         f" | {LABELS[first]} | {LABELS[last]} |")
+    out.append("\n".join(lines) + "\n")
+    return out, sweeps, cross
+
+
+def step_table(base, overlap):
+    from horovod_sparse.whatif import load
+    lines = ["one training step = the trace's t_batch + one fused exchange after backward (no overlap, "
+             "no selection cost), density 0.01; speed-up of Ok-Topk over each", "",
+             "| trace (n) | link | P | t_batch ms | dense | TopkA | gTop-k | TopkDSA | Ok-Topk | "
+             "Ok-Topk vs TopkA / gTop-k / dense |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for tname in TRACES:
+        tr = load(f"netai:{tname}")
+        n = int(tr.nbytes // 4)
+        k = int(round(0.01 * n))
+        for gbps in LINKS:
+            cost = base.on_link(gbps)
+            for P in (16, 256, 1024):
+                step = {a: tr.batch_time_s + ec.predict_seconds(a, n, k, P, cost, overlap) for a in ORDER}
+                sp = " / ".join(f"{step[o] / step['oktopk']:.2f}x" for o in ("allgather", "gtopk", "dense"))
+                lines.append(f"| {tname} ({n / 1e6:.1f}M) | {gbps} Gbit/s | {P} | {tr.batch_time_s * 1e3:.0f} | "
+                             + " | ".join(f"{step[a] * 1e3:,.0f}" for a in ORDER) + f" | {sp} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(sweeps, cross, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    name = next(iter(MODELS))
+    fig, axes = plt.subplots(1, len(LINKS), figsize=(14, 4.3), sharey=True)
+    for ax, gbps in zip(axes, LINKS):
+        t = sweeps[(gbps, name)]
+        for i, a in enumerate(ORDER):
+            ax.plot(PS, [s * 1e3 for s in t[a]], "o-", color=f"C{i}", label=LABELS[a], ms=3)
+        for other in ("allgather", "gtopk", "dsa", "dense"):
+            c = cross[(name, gbps, other)]
+            if c is not None and c != PS[0]:
+                y = t["oktopk"][PS.index(c)] * 1e3
+                ax.plot([c], [y], marker="*", ms=13, color="k", zorder=5)
+                ax.annotate(f"beats {LABELS[other]}", (c, y), textcoords="offset points", xytext=(4, -12),
+                            fontsize=7)
+        ax.set(xscale="log", yscale="log", title=f"{gbps} Gbit/s", xlabel="P (ranks)")
+        ax.set_xticks(PS)
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("predicted ms per exchange")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{name}, density 0.01: one exchange, predicted (fitted costs per message and per byte "
+                 "received; nominal link rate); * = from here on Ok-Topk is faster", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", nargs="+", required=True, help="timed bench records (jsonl)")
+    p.add_argument("--selections", help="recorded selections: the overlap trend")
+    p.add_argument("--step", type=int, default=30, help="recorded step for the overlap trend")
+    p.add_argument("--fit-step", type=int, default=30,
+                   help="fit on the records of this recorded step only (the others: out-of-sample check)")
+    p.add_argument("--overlap", choices=("trend", "uniform"), default="trend")
+    p.add_argument("--base", default="10gbit", help="the link whose fitted alpha and gamma go to the predictions")
+    p.add_argument("--plot")
+    p.add_argument("--page")
+    a = p.parse_args(argv)
+    links = by_link(load_records(a.records))
+    fit_md, fits, own = fit_section(links, a.fit_step)
+    val_md, _ = validation_section(links, fits, own)
+    overlap, unions = None, {}
+    if a.overlap == "trend":
+        if not a.selections:
+            p.error("--overlap trend needs --selections")
+        overlap, unions = overlap_trend(a.selections, a.step)
+    base = fits[a.base]
+    preds, sweeps, cross = prediction_tables(base, overlap)
+    steps = step_table(base, overlap)
+    today = _dt.date.today().isoformat()
+    ov = ("uniform bound (independent selections)" if overlap is None else
+          f"measured trend at recorded step {a.step}: union = {overlap.coefficient:.3f} k P^{overlap.exponent:.3f} "
+          f"(from P = {', '.join(map(str, unions))}: {', '.join(f'{u:,}' for u in unions.values())}), "
+          "capped by the uniform union")
+    text = (f"generated {today} by `scripts/predict_scale.py` from "
+            f"{', '.join(os.path.relpath(x, _REPO) for x in a.records)}\n\n"
+            f"**Fit** (per link, non-negative least squares on relative error, all algorithms and P of recorded step {a.fit_step}):\n\n"
+            + fit_md + "\n**Predicted against measured** (the joint fit, and the fit of that link alone; records of other "
+            "recorded steps than the fit's are out of sample):\n\n" + val_md
+            + f"\n**Predictions** with the joint fit's alpha = {base.alpha_s * 1e6:.1f} us per message and "
+            f"gamma = {base.per_byte_received_s * 1e9:.3f} ns per byte received, on nominal links; overlap: {ov}.\n\n"
+            + "\n".join(preds) + "\n" + steps)
+    print(text)
+    print(f"[fit] FITTED = {{'alpha_s': {base.alpha_s!r}, 'per_byte_received_s': "
+          f"{base.per_byte_received_s!r}, 'bandwidth_bps': {base.network.bandwidth_bps!r}}}", file=sys.stderr)
+    if a.page:
+        sys.path.insert(0, os.path.join(_REPO, "scripts"))
+        from doc_block import replace_block
+        replace_block(a.page, "oktopk-predict", text)
+    if a.plot:
+        plot(sweeps, cross, a.plot)
+        print(f"[plot] {a.plot}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""horovod_sparse.whatif.exchange_cost: the fit recovers known costs, the predictor grows with P
+where the closed forms say it must, the crossover search, and the shipped constants equal the
+fit of the shipped records. No MPI."""
+import json
+import os
+
+import pytest
+
+from horovod_sparse.whatif import exchange_cost as ec
+from horovod_sparse.whatif import volumes as vol
+from horovod_sparse.whatif.model import Network
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIMED = [os.path.join(ROOT, "docs", "results", "data", "oktopk-scale", f"timed-{r}.jsonl") for r in ("1gbit", "10gbit")]
+
+
+def _record(algorithm, P, per_rank, seconds):
+    """A bench record with the given per-rank counters (messages, sent, received) on 2 calls."""
+    call = {"messages_sent": [x[0] for x in per_rank], "bytes_sent": [x[1] for x in per_rank],
+            "bytes_received": [x[2] for x in per_rank], "messages_received": [x[-1] for x in per_rank]}
+    return {"algorithm": algorithm, "P": P, "rate": "test", "median_s": seconds, "min_s": seconds,
+            "max_s": seconds, "per_call": [call, call]}
+
+
+def _synthetic(alpha, beta, gamma):
+    recs = []
+    for alg in vol.ALGORITHMS:
+        for P in (2, 4, 8):
+            per_rank = [(v.messages_sent, v.bytes_sent, v.bytes_received, v.messages_received)
+                        for v in (vol.volume(alg, 1_000_000, 10_000, P, r) for r in range(P))]
+            f = ec.busiest(alg, per_rank)
+            recs.append(_record(alg, P, per_rank, alpha * f.messages + beta * f.bytes_sent + gamma * f.bytes_received))
+    return recs
+
+
+@pytest.mark.parametrize("alpha,beta,gamma", [(50e-6, 8e-9, 1e-9), (1e-4, 0.8e-9, 0.0), (2e-5, 3e-9, 5e-10)])
+def test_fit_recovers_alpha_beta_gamma_from_synthetic_records(alpha, beta, gamma):
+    cost = ec.fit(_synthetic(alpha, beta, gamma))
+    assert cost.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert cost.beta_s == pytest.approx(beta, rel=1e-6)
+    assert cost.per_byte_received_s == pytest.approx(gamma, rel=1e-6, abs=1e-18)
+    assert all(abs(e) < 1e-6 for *_, e in ec.validation(_synthetic(alpha, beta, gamma), cost))
+
+
+def test_joint_fit_over_links_recovers_per_link_bandwidth_and_shared_costs():
+    recs = {"slow": _synthetic(40e-6, 8e-9, 1e-9), "fast": _synthetic(40e-6, 0.8e-9, 1e-9)}
+    fits = ec.fit_links(recs)
+    assert fits["slow"].beta_s == pytest.approx(8e-9, rel=1e-6)
+    assert fits["fast"].network.gbps == pytest.approx(10.0, rel=1e-6)
+    for c in fits.values():
+        assert (c.alpha_s, c.per_byte_received_s) == (pytest.approx(40e-6, rel=1e-6), pytest.approx(1e-9, rel=1e-6))
+    recs["fast"] = _synthetic(20e-6, 0.8e-9, 1e-9)
+    fits = ec.fit_links(recs, per_link_alpha=True)
+    assert (fits["slow"].alpha_s, fits["fast"].alpha_s) == (pytest.approx(40e-6, rel=1e-6), pytest.approx(20e-6, rel=1e-6))
+
+
+def test_fit_without_local_term_recovers_alpha_beta():
+    cost = ec.fit(_synthetic(30e-6, 4e-9, 0.0), local=False)
+    assert (cost.alpha_s, cost.beta_s) == (pytest.approx(30e-6, rel=1e-6), pytest.approx(4e-9, rel=1e-6))
+    assert cost.network.bandwidth_bps == pytest.approx(2e9, rel=1e-6)
+
+
+def test_features_take_the_busiest_rank_per_call_then_the_mean_over_calls():
+    rec = _record("dsa", 2, [(3, 100, 7, 1), (5, 40, 9, 1)], 1.0)
+    rec["per_call"][1] = {"messages_sent": [1, 1], "bytes_sent": [300, 0], "bytes_received": [0, 1],
+                          "messages_received": [1, 1]}
+    assert ec.features(rec) == ec.Features(3.0, 200.0, 5.0)
+    assert ec.features(rec, call=0) == ec.Features(5.0, 100.0, 9.0)
+
+
+def test_gtopk_counts_the_root_chain_both_ways():
+    per_rank = [(3, 100, 700, 8), (5, 400, 90, 1)]
+    assert ec.busiest("gtopk", per_rank) == ec.Features(11.0, 800.0, 700.0)
+    assert ec.busiest("allgather", per_rank) == ec.Features(5.0, 400.0, 700.0)
+
+
+def test_fit_needs_enough_records():
+    with pytest.raises(ValueError):
+        ec.fit(_synthetic(1e-5, 1e-9, 0.0)[:2])
+
+
+COST = ec.ExchangeCost(Network.from_gbps(10, 50e-6), 1e-10)
+PS = [2 ** i for i in range(1, 11)]
+
+
+@pytest.mark.parametrize("algorithm", ["dense", "allgather", "gtopk", "oktopk"])
+def test_prediction_grows_with_P(algorithm):
+    """Every term of dense, TopkA, gTop-k and Ok-Topk grows (or stays) with P under the uniform model."""
+    t = [ec.predict_seconds(algorithm, 10_000_000, 100_000, P, COST) for P in PS]
+    assert all(b >= a for a, b in zip(t, t[1:])), t
+
+
+def test_prediction_equals_cost_of_the_closed_form_at_the_busiest_rank():
+    n, k, P = 1_000_000, 10_000, 8
+    per = [vol.volume("gtopk", n, k, P, r) for r in range(P)]
+    f = ec.critical_volume("gtopk", n, k, P)
+    assert f.bytes_sent == max(v.bytes_sent + v.bytes_received for v in per) == per[0].bytes_sent + per[0].bytes_received
+    assert ec.predict_seconds("gtopk", n, k, P, COST) == pytest.approx(COST.seconds(f))
+    assert ec.critical_volume("dense", n, k, 1) == ec.Features(0.0, 0.0, 0.0)
+
+
+def test_oktopk_amortized_lies_between_its_later_and_its_first_call():
+    n, k, P = 10_000_000, 100_000, 64
+    later = ec.predict_seconds("oktopk", n, k, P, COST, amortized=False)
+    first = COST.seconds(ec.critical_volume("oktopk", n, k, P, call=0))
+    amortized = ec.predict_seconds("oktopk", n, k, P, COST)
+    assert later < amortized < first
+
+
+def test_overlap_trend_shrinks_the_union_and_dsa():
+    trend = ec.Overlap(1.4, 0.5)
+    n, k = 10_000_000, 100_000
+    assert trend.union(n, k, 64) == pytest.approx(1.4 * k * 8)
+    assert trend.union(n, k, 2) <= n * (1 - (1 - k / n) ** 2)          # capped by the uniform union
+    assert ec.predict_seconds("dsa", n, k, 256, COST, trend) < ec.predict_seconds("dsa", n, k, 256, COST)
+    fitted = ec.Overlap.fitted({2: 2 * k * 2 ** 0.5, 8: 2 * k * 8 ** 0.5, 32: 2 * k * 32 ** 0.5}, k)
+    assert (fitted.coefficient, fitted.exponent) == (pytest.approx(2.0), pytest.approx(0.5))
+
+
+def test_crossover_on_a_constructed_case():
+    Ps = [16, 32, 64, 128]
+    times = {"oktopk": [5, 5, 5, 5], "allgather": [1, 4, 6, 9], "dense": [9, 9, 9, 9], "gtopk": [1, 1, 1, 1],
+             "dsa": [6, 4, 6, 7]}
+    assert ec.crossover(times, Ps, "oktopk", "allgather") == 64
+    assert ec.crossover(times, Ps, "oktopk", "dense") == 16
+    assert ec.crossover(times, Ps, "oktopk", "gtopk") is None
+    assert ec.crossover(times, Ps, "oktopk", "dsa") == 64      # the last crossing counts
+
+
+def test_crossover_of_topka_by_oktopk_is_found_on_a_large_gradient():
+    """TopkA's bytes grow as (P-1)k, Ok-Topk's stay below 6k: on a slow link it overtakes."""
+    cost = ec.ExchangeCost(Network.from_gbps(1, 50e-6), 0.0)
+    times = ec.sweep(10_000_000, 100_000, PS, cost, ("allgather", "oktopk"))
+    c = ec.crossover(times, PS, "oktopk", "allgather")
+    assert c is not None and c <= 8
+    best, _ = ec.fastest(10_000_000, 100_000, 512, cost, ("allgather", "oktopk"))
+    assert best == "oktopk"
+
+
+def test_on_link_keeps_alpha_and_gamma():
+    c = COST.on_link(100)
+    assert (c.alpha_s, c.per_byte_received_s, c.network.gbps) == (50e-6, 1e-10, 100.0)
+
+
+@pytest.mark.skipif(not all(os.path.exists(p) for p in TIMED), reason="no timed records")
+def test_shipped_constants_are_the_joint_fit_of_the_shipped_records():
+    recs = {}
+    for path in TIMED:
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line) if line.strip() else None
+                if r and r.get("selections_step") == 30:
+                    recs.setdefault(r["rate"], []).append(r)
+    cost = ec.fit_links(recs)["10gbit"]
+    assert ec.FITTED["alpha_s"] == pytest.approx(cost.alpha_s, rel=1e-6)
+    assert ec.FITTED["per_byte_received_s"] == pytest.approx(cost.per_byte_received_s, rel=1e-6, abs=1e-20)
+    assert ec.default_cost(25).network.gbps == 25.0
+
+
+# ------------------------------------------------------------ horovod-sparse whatif --sparse-allreduce
+def test_whatif_sparse_allreduce_names_the_predicted_fastest(capsys):
+    from horovod_sparse import cli
+    assert cli.main(["whatif", "netai:vgg16", "--sparse-allreduce", "--workers", "16", "1024",
+                     "--bandwidth", "10", "100", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["workers"], r["gbps"]) for r in rows] == [(16, 10.0), (16, 100.0), (1024, 10.0), (1024, 100.0)]
+    for r in rows:
+        assert set(r["seconds"]) == set(vol.ALGORITHMS)
+        assert r["fastest"] == min(r["seconds"], key=r["seconds"].get)
+        assert r["k"] == round(0.01 * r["n"])
+        want = ec.predict_seconds("oktopk", r["n"], r["k"], r["workers"], ec.default_cost(r["gbps"]))
+        assert r["seconds"]["oktopk"] == pytest.approx(want)
+    assert cli.main(["whatif", "netai:vgg16", "--sparse-allreduce", "--workers", "64", "--bandwidth", "25"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted ms per exchange" in out and "Ok-Topk" in out and "fastest" in out
+
+
+def test_whatif_sparse_allreduce_rejects_a_density_above_one(capsys):
+    from horovod_sparse import cli
+    with pytest.raises(SystemExit) as e:
+        cli.main(["whatif", "netai:vgg16", "--sparse-allreduce", "--density", "2"])
+    assert e.value.code == 2
+    assert "--density" in capsys.readouterr().err
