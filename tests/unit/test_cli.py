@@ -232,3 +232,11 @@ def test_whatif_auto_prints_the_choice_per_gradient(json_trace, capsys):
 
 def test_whatif_auto_refuses_a_candidate_the_guard_refuses(json_trace, capsys):
     _fails(capsys, ["whatif", json_trace, "--auto", "qsgd"], "--auto: candidates: 'qsgd' has no error feedback")
+
+
+def test_doctor_bad_arguments_exit_2_with_a_message(capsys, tmp_path):
+    _fails(capsys, ["doctor", "--cores", "0"], "must be >= 1")
+    _fails(capsys, ["doctor", "--timeout", "-5"], "finite number > 0")
+    _fails(capsys, ["doctor", "--profile", str(tmp_path / "absent.json")], "--profile")
+    _fails(capsys, ["doctor", "--json", str(tmp_path / "no" / "such" / "r.json")], "--json: no such folder")
+    _fails(capsys, ["doctor", "--frobnicate"], "unrecognized arguments")

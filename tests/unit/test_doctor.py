@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from horovod_sparse import cli, doctor
+from horovod_sparse import doctor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -86,19 +86,3 @@ def test_the_cores_check_fails_only_where_waiting_ranks_busy_poll():
     assert doctor.check_cores(3, 2, yields=True)["status"] == doctor.WARN
     failed = doctor.check_cores(3, 2, yields=False)
     assert failed["status"] == doctor.FAIL and "--mca mpi_yield_when_idle 1" in failed["fix"]
-
-
-def _fails(capsys, argv, message):
-    with pytest.raises(SystemExit) as e:
-        cli.main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert message in err, err
-
-
-def test_doctor_bad_arguments_exit_2_with_a_message(capsys, tmp_path):
-    _fails(capsys, ["doctor", "--cores", "0"], "must be >= 1")
-    _fails(capsys, ["doctor", "--timeout", "-5"], "finite number > 0")
-    _fails(capsys, ["doctor", "--profile", str(tmp_path / "absent.json")], "--profile")
-    _fails(capsys, ["doctor", "--json", str(tmp_path / "no" / "such" / "r.json")], "--json: no such folder")
-    _fails(capsys, ["doctor", "--frobnicate"], "unrecognized arguments")
