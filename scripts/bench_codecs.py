@@ -21,8 +21,15 @@ The table gives the median time and GB/s of gradient (bytes in / median time), a
 overflow check alone (``horovod_sparse.ops.finite.all_finite``), which every stateful
 compressor's round trip includes.
 
+On a GPU, ``--device cuda`` times the out-of-band pipelines' step on a CUDA tensor: the code the
+PyTorch frontend runs there (error feedback, selection or encoding, decoding, the residual, the
+sum written back into the gradient), without Horovod's hooks, so Horovod need not be built with
+CUDA; the in-band compressors and Horovod's own go through the frontend only where Horovod is
+importable. Each call ends with ``torch.cuda.synchronize()``; the copy bound is a device copy.
+
     .venv/bin/python scripts/bench_codecs.py --json results/codecs.json
     .venv/bin/python scripts/bench_codecs.py --frameworks torch tensorflow --update-md docs/results/benchmarks.md
+    python3 scripts/bench_codecs.py --device cuda --json $OUT/codecs-cuda.json      # scripts/cuda_check.sh
 """
 import argparse
 import json
@@ -57,6 +64,8 @@ def parse_args():
     p.add_argument("--frameworks", nargs="+", default=["torch"], choices=["torch", "tensorflow"])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: the out-of-band pipelines on a CUDA tensor (PyTorch only; see above)")
     p.add_argument("--threads", type=int, default=1, help="torch/TensorFlow threads (one per rank, as in training)")
     p.add_argument("--same-gradient", action="store_true", help="repeat one gradient instead of drawing new ones")
     p.add_argument("--out", help="append one JSON line per measurement")
@@ -98,18 +107,59 @@ def torch_round_trip(spec, gradient, same_gradient=False):
     return prepare, run
 
 
-def torch_copy(gradient):
+def pipeline_round_trip(spec, gradient, device, same_gradient=False):
+    """(prepare, run) of one out-of-band pipeline's step on a torch tensor on ``device`` at
+    P = 1, the result written back into the gradient as the PyTorch frontend does."""
     import torch
-    src = torch.from_numpy(gradient)
+    from mpi4py import MPI
+    import horovod_sparse
+    from horovod_sparse.layout import GradientLayout
+    layout = GradientLayout([("gradient", gradient.shape, "float32")])
+    pipe = horovod_sparse.create(spec).make_pipeline(layout.n, MPI.COMM_SELF, layout=layout)
+    source = torch.from_numpy(gradient).to(device)
+    flat = source.clone().reshape(-1)
+    generator = torch.Generator(device=device).manual_seed(1)
+
+    def prepare():
+        if same_gradient:
+            flat.copy_(source.reshape(-1))
+        else:
+            torch.randn(flat.shape, generator=generator, out=flat)
+        _synchronize(device)
+
+    def run():
+        if hasattr(pipe, "step_sparse"):  # the sparsifiers hand back (indices, values) of the sum
+            indices, values = pipe.step_sparse(flat, tag=layout.tag)
+            flat.zero_()
+            flat[torch.as_tensor(indices, device=flat.device)] = torch.as_tensor(values, device=flat.device)
+        else:
+            flat.copy_(torch.as_tensor(pipe.step(flat, tag=layout.tag), device=flat.device))
+        _synchronize(device)
+    run.gradient = flat  # what the step wrote into (its tests read it)
+    return prepare, run
+
+
+def _synchronize(device):
+    if str(device).startswith("cuda"):
+        __import__("torch").cuda.synchronize()
+
+
+def torch_copy(gradient, device="cpu"):
+    import torch
+    src = torch.from_numpy(gradient).to(device)
     dst = torch.empty_like(src)
-    return lambda: None, lambda: dst.copy_(src)
+
+    def run():
+        dst.copy_(src)
+        _synchronize(device)
+    return lambda: None, run
 
 
-def torch_check(gradient):
+def torch_check(gradient, device="cpu"):
     """The overflow check alone (included in every stateful compressor's round trip)."""
     import torch
     from horovod_sparse.ops.finite import all_finite
-    src = torch.from_numpy(gradient).reshape(-1)
+    src = torch.from_numpy(gradient).reshape(-1).to(device)
     return lambda: None, lambda: all_finite(src)
 
 
@@ -151,7 +201,7 @@ def markdown(records, args):
     lines = [f"Compress + decompress of one {n / 1e6:.0f}M-element float32 gradient ({n * 4 / 1e6:.0f} MB) "
              f"through each frontend at P = 1, {args.threads} thread(s), median of {args.repeats} after "
              f"{args.warmup} warm-up, {'one gradient repeated' if args.same_gradient else 'a new gradient each call'}"
-             f"; {platform.node()}, {os.cpu_count()} cores, no GPU, shared with other "
+             f"; {platform.node()}, {os.cpu_count()} cores, {_device_name(args.device)}, shared with other "
              "jobs. The first row is a plain copy of the buffer (the memory bound), the second the overflow "
              "check alone (part of every stateful compressor's round trip). Command: "
              "`.venv/bin/python scripts/bench_codecs.py --update-md docs/results/benchmarks.md`.", "",
@@ -170,6 +220,13 @@ def markdown(records, args):
     return "\n".join(lines) + "\n"
 
 
+def _device_name(device):
+    if device == "cpu":
+        return "no GPU"
+    import torch
+    return f"the pipelines on {torch.cuda.get_device_name()} (torch {torch.__version__})"
+
+
 def record(spec, framework, times, n_bytes, args):
     median = statistics.median(times)
     rec = dict(spec=spec, framework=framework, n=n_bytes // 4, median_s=median, min_s=min(times),
@@ -186,16 +243,28 @@ def record(spec, framework, times, n_bytes, args):
 def main():
     args = parse_args()
     from mpi4py import MPI  # noqa: F401  (initialises MPI before the frameworks' Horovod)
-    import horovod.torch as hvd_torch
     import torch
     torch.set_num_threads(args.threads)
-    hvd_torch.init()
+    try:
+        import horovod.torch as hvd_torch
+        hvd_torch.init()
+    except ImportError as error:  # a GPU image without Horovod: the pipelines alone (--device cuda)
+        if args.device == "cpu":
+            raise
+        print(f"Horovod is not importable ({error}): the in-band compressors are skipped", flush=True)
+        hvd_torch = None
+    if args.device == "cuda":
+        args.frameworks = ["torch"]
     gradient = np.random.default_rng(0).standard_normal((args.rows, args.cols)).astype(np.float32)
     makers = {"torch": torch_round_trip, "tensorflow": tensorflow_round_trip}
+    if args.device == "cuda":
+        makers["torch"] = lambda spec, g, same: (pipeline_round_trip(spec, g, "cuda", same) if fused_params(spec)
+                                                 else torch_round_trip(spec, g, same) if hvd_torch else None)
     records = []
     if "torch" in args.frameworks:
-        records.append(record(COPY, "torch", measure(*torch_copy(gradient), args), gradient.nbytes, args))
-        records.append(record(CHECK, "torch", measure(*torch_check(gradient), args), gradient.nbytes, args))
+        records.append(record(COPY, "torch", measure(*torch_copy(gradient, args.device), args), gradient.nbytes, args))
+        records.append(record(CHECK, "torch", measure(*torch_check(gradient, args.device), args),
+                              gradient.nbytes, args))
     if "tensorflow" in args.frameworks:
         import tensorflow as tf
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -207,12 +276,14 @@ def main():
     for spec in args.specs:
         for fw in args.frameworks:
             round_trip = makers[fw](spec, gradient, args.same_gradient)
+            if round_trip is None:
+                continue
             records.append(record(spec, fw, measure(*round_trip, args), gradient.nbytes, args))
     table = markdown(records, args)
     print(table)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(settings=dict(rows=args.rows, cols=args.cols, repeats=args.repeats,
+            json.dump(dict(settings=dict(rows=args.rows, cols=args.cols, repeats=args.repeats, device=args.device,
                                          warmup=args.warmup, threads=args.threads,
                                          same_gradient=args.same_gradient, host=platform.node(),
                                          cores=os.cpu_count()), records=records), f, indent=1)

@@ -18,6 +18,8 @@
 # (with CUDA, and NCCL where the Python holds nvidia-nccl, from HOROVOD_SDIST or
 # .whl/horovod-*.tar.gz); the build runs in the background while the unit step runs.
 #
+# CUDA_CHECK_CODECS=1 also times every out-of-band pipeline's step on a CUDA tensor beside a
+# device copy (scripts/bench_codecs.py --device cuda; a measurement, not a test).
 # Files (JUnit XML and logs) go to $OUT when it is set, else to results/cuda_check/.
 # Usage: bash scripts/cuda_check.sh        Exit status: 0 when nothing failed.
 set -u
@@ -29,6 +31,7 @@ mkdir -p "$RESULTS" || exit 2
 UNIT_SECONDS=${CUDA_CHECK_UNIT_SECONDS:-240}
 PARALLEL_SECONDS=${CUDA_CHECK_PARALLEL_SECONDS:-180}
 BUILD_SECONDS=${CUDA_CHECK_BUILD_SECONDS:-300}
+CODECS_SECONDS=${CUDA_CHECK_CODECS_SECONDS:-240}
 
 main() {
     local started=$SECONDS failed_steps=0 skipped_steps=0 work
@@ -125,6 +128,14 @@ print(" ".join(missing))' 2>/dev/null) || missing="python ($PY did not run)"
     if [ "$rc" -ne 0 ] && ! has_report "$RESULTS/unit-cuda.xml"; then
         echo "unit step died without a report (exit $rc; 124 means it ran past ${UNIT_SECONDS}s)"
         failed_steps=$((failed_steps + 1))
+    fi
+
+    if [ "${CUDA_CHECK_CODECS:-0}" = 1 ]; then
+        echo "== codecs: scripts/bench_codecs.py --device cuda (at most ${CODECS_SECONDS}s)"
+        t0=$SECONDS
+        timeout -k 15 "$CODECS_SECONDS" "$PY" scripts/bench_codecs.py --device cuda \
+            --json "$RESULTS/codecs-cuda.json" --out "$RESULTS/codecs-cuda.jsonl"
+        echo "-- codecs: exit $? after $((SECONDS - t0))s (a measurement: it counts as no test)"
     fi
 
     if [ -n "$build_pid" ]; then
