@@ -40,7 +40,7 @@ LABELS = {"dense": "dense (ring)", "allgather": "TopkA", "gtopk": "gTop-k", "dsa
 MODELS = {"BERT-base (110M)": 110_000_000, "transformer LM (19.2M)": 19_200_000,
           "ResNet-18 (11.2M)": 11_200_000}
 LINKS = (10, 25, 100)
-PS = [2 ** i for i in range(4, 11)]
+PS = [2 ** i for i in range(1, 11)]
 TRACES = ("resnet50", "vgg16")
 
 
@@ -74,27 +74,28 @@ def overlap_trend(selections, step, Ps=(2, 4, 8, 16, 32)):
 
 
 def fit_section(links, step=None):
-    """Per link alone, and joint (a bandwidth per link; alpha and gamma shared)."""
+    """Joint fit over the links (a bandwidth per link; alpha and every gamma_a shared), with the
+    emulated links' token-bucket burst; and, for comparison, each link alone."""
     mine = {rate: [r for r in recs if step is None or r.get("selections_step") == step]
             for rate, recs in links.items()}
-    joint = ec.fit_links(mine)
-    lines = ["| fit | link | records | per message alpha (us) | per byte sent beta (ns) = effective Gbit/s | "
-             "local work per byte received gamma (ns) |", "| --- | --- | --- | --- | --- | --- |"]
-    own = {}
-    for rate, recs in mine.items():
-        for label, c in (("this link alone", ec.fit(recs)), ("this link alone, no gamma", ec.fit(recs, local=False)),
-                         ("joint (alpha, gamma shared)", joint[rate])):
-            if label == "this link alone":
-                own[rate] = c
-            lines.append(f"| {label} | {rate} | {len(recs)} | {c.alpha_s * 1e6:.1f} | {c.beta_s * 1e9:.3f} = "
-                         f"{c.network.gbps:.2f} | {c.per_byte_received_s * 1e9:.3f} |")
+    joint = ec.fit_links(mine, burst_bytes=ec.NETEM_BURST_BYTES)
+    own = {rate: ec.fit(recs, burst_bytes=ec.NETEM_BURST_BYTES) for rate, recs in mine.items()}
+    head = ("| fit | link | records | alpha: per message (us) | beta: per byte sent (ns) = Gbit/s | "
+            + " | ".join(f"gamma {LABELS[a]} (ns/B received)" for a in ORDER) + " |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for label, fits in (("joint", joint), ("this link alone", own)):
+        for rate, c in fits.items():
+            bw = "no cost (burst covers it)" if c.beta_s == 0 else f"{c.beta_s * 1e9:.3f} = {c.network.gbps:.2f}"
+            lines.append(f"| {label} | {rate} | {len(mine[rate])} | {c.alpha_s * 1e6:.1f} | {bw} | "
+                         + " | ".join(f"{c.local_s_per_byte.get(a, 0.0) * 1e9:.3f}" for a in ORDER) + " |")
     return "\n".join(lines) + "\n", joint, own
 
 
 def validation_section(links, fits, own):
-    lines = ["| link | step | algorithm | P | messages (critical) | MB sent (critical) | MB received (busiest) | "
-             "measured ms (median) | min-max ms | predicted ms (joint fit) | error | predicted (link alone) | error |",
-             "|" + " --- |" * 13]
+    lines = ["| link | step | algorithm | P | ranks per core | messages (critical) | MB sent (critical) | "
+             "MB received (busiest) | measured ms (median) | min-max ms | predicted ms (joint fit) | error | "
+             "predicted (link alone) | error |",
+             "|" + " --- |" * 14]
     errors = []
     for rate, recs in links.items():
         rows = ec.validation(recs, fits[rate])
@@ -105,7 +106,8 @@ def validation_section(links, fits, own):
             p2, e2 = alone[id(rec)]
             errors.append((rate, rec.get("selections_step"), rec["algorithm"], rec["P"], e))
             lines.append(f"| {rate} | {rec.get('selections_step')} | {LABELS[rec['algorithm']]} | {rec['P']} | "
-                         f"{f.messages:.0f} | {f.bytes_sent / 1e6:.3f} | {f.bytes_received / 1e6:.3f} | {m * 1e3:.1f} | "
+                         f"{f.oversubscription:g} | {f.messages:.0f} | {f.bytes_sent / 1e6:.3f} | "
+                         f"{f.bytes_received / 1e6:.3f} | {m * 1e3:.1f} | "
                          f"{rec['min_s'] * 1e3:.1f}-{rec['max_s'] * 1e3:.1f} | {p * 1e3:.1f} | {e:+.0%} | "
                          f"{p2 * 1e3:.1f} | {e2:+.0%} |")
     lines.append("")
@@ -115,19 +117,20 @@ def validation_section(links, fits, own):
             if not mine:
                 continue
             within = sum(1 for *_, e in mine if abs(e) <= 0.2)
-            lines.append(f"joint fit, {rate}, recorded step {step}: {within} of {len(mine)} cases within 20%; "
-                         f"largest error {max(abs(e) for *_, e in mine):.0%}; mean |error| "
-                         f"{np.mean([abs(e) for *_, e in mine]):.0%}  ")
+            miss = ", ".join(f"{LABELS[a]} P = {P} ({e:+.0%})" for _, _, a, P, e in mine if abs(e) > 0.2)
+            lines.append(f"joint fit, {rate}, recorded step {step}: {within} of {len(mine)} within 20%, mean "
+                         f"|error| {np.mean([abs(e) for *_, e in mine]):.0%}; outside 20%: {miss or 'none'}  ")
     return "\n".join(lines) + "\n", errors
 
 
-def prediction_tables(base, overlap):
-    out, sweeps = [], {}
+def prediction_tables(base, overlap, low_alpha=25e-6):
+    out, sweeps, low = [], {}, {}
     for gbps in LINKS:
         cost = base.on_link(gbps)
         for name, n in MODELS.items():
             k = int(round(0.01 * n))
             sweeps[(gbps, name)] = ec.sweep(n, k, PS, cost, ORDER, overlap)
+            low[(gbps, name)] = ec.sweep(n, k, PS, base.on_link(gbps, low_alpha), ORDER, overlap)
     # seconds per exchange, BERT-base
     name = next(iter(MODELS))
     head = "| link | algorithm | " + " | ".join(f"P = {p}" for p in PS) + " |"
@@ -142,8 +145,17 @@ def prediction_tables(base, overlap):
             lines.append(f"| {gbps} Gbit/s | {LABELS[a]} | " + " | ".join(cells) + " |")
     out.append("\n".join(lines) + "\n")
     # crossovers
-    lines = ["from which P (of 16-1024) Ok-Topk is predicted faster than each, at every larger P "
-             "(\"always\": from 16 on; \"only up to\": faster at small P, slower from the next P on; \"never\": "
+    for label, table in ((f"fitted alpha {base.alpha_s * 1e6:.0f} us", sweeps), (f"alpha {low_alpha * 1e6:.0f} us", low)):
+        lines, c = crossover_table(table, label)
+        out.append(lines)
+        if table is sweeps:
+            cross = c
+    return out, sweeps, cross
+
+
+def crossover_table(sweeps, label):
+    lines = [f"{label}: from which P (of 2-1024) Ok-Topk is predicted faster than each, at every larger P "
+             "(\"always\": from 2 on; \"only up to\": faster at small P, slower from the next P on; \"never\": "
              "at no P); fastest at P = 16 and 1024", "",
              "| gradient | link | vs TopkA | vs gTop-k | vs TopkDSA | vs dense | fastest at 16 | fastest at 1024 |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -162,12 +174,11 @@ def prediction_tables(base, overlap):
                     cells.append(f"only up to P = {lead}")
                 else:
                     cells.append("never")
-            first = min(ORDER, key=lambda a: t[a][0])
+            first = min(ORDER, key=lambda a: t[a][PS.index(16)])
             last = min(ORDER, key=lambda a: t[a][-1])
             lines.append(f"| {name} | {gbps} Gbit/s | " + " | ".join(cells) +
                          f" | {LABELS[first]} | {LABELS[last]} |")
-    out.append("\n".join(lines) + "\n")
-    return out, sweeps, cross
+    return "\n".join(lines) + "\n", cross
 
 
 def step_table(base, overlap):
@@ -208,6 +219,13 @@ def plot(sweeps, cross, path):
                 ax.plot([c], [y], marker="*", ms=13, color="k", zorder=5)
                 ax.annotate(f"beats {LABELS[other]}", (c, y), textcoords="offset points", xytext=(4, -12),
                             fontsize=7)
+            lead = ec.lead_until(t, PS, "oktopk", other)
+            if c is None and lead is not None and lead != PS[-1]:
+                after = PS[PS.index(lead) + 1]
+                y = t[other][PS.index(after)] * 1e3
+                ax.plot([after], [y], marker="X", ms=11, color="k", zorder=5)
+                ax.annotate(f"{LABELS[other]} faster\nfrom P = {after}", (after, y), textcoords="offset points",
+                            xytext=(-70, 8), fontsize=7)
         ax.set(xscale="log", yscale="log", title=f"{gbps} Gbit/s", xlabel="P (ranks)")
         ax.set_xticks(PS)
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -216,7 +234,7 @@ def plot(sweeps, cross, path):
     axes[0].set_ylabel("predicted ms per exchange")
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{name}, density 0.01: one exchange, predicted (fitted costs per message and per byte "
-                 "received; nominal link rate); * = from here on Ok-Topk is faster", fontsize=9)
+                 "received; nominal link rate); * = from here on Ok-Topk is faster; X = from here on the other is faster than Ok-Topk", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -252,15 +270,18 @@ def main(argv=None):
           "capped by the uniform union")
     text = (f"generated {today} by `scripts/predict_scale.py` from "
             f"{', '.join(os.path.relpath(x, _REPO) for x in a.records)}\n\n"
-            f"**Fit** (per link, non-negative least squares on relative error, all algorithms and P of recorded step {a.fit_step}):\n\n"
+            f"**Fit** (joint over the links, and each link alone; non-negative least squares on relative error; "
+            f"all algorithms and P of recorded step {a.fit_step}; token-bucket burst {ec.NETEM_BURST_BYTES // 1024} KiB; "
+            "ranks per core from the records' cpus):\n\n"
             + fit_md + "\n**Predicted against measured** (the joint fit, and the fit of that link alone; records of other "
             "recorded steps than the fit's are out of sample):\n\n" + val_md
             + f"\n**Predictions** with the joint fit's alpha = {base.alpha_s * 1e6:.1f} us per message and "
-            f"gamma = {base.per_byte_received_s * 1e9:.3f} ns per byte received, on nominal links; overlap: {ov}.\n\n"
+            f"local work per byte received ({', '.join(f'{LABELS[x]} {base.local_s_per_byte.get(x, 0) * 1e9:.2f} ns' for x in ORDER)}), "
+            f"one rank per core, on real links at the nominal rate (no burst); overlap: {ov}.\n\n"
             + "\n".join(preds) + "\n" + steps)
     print(text)
-    print(f"[fit] FITTED = {{'alpha_s': {base.alpha_s!r}, 'per_byte_received_s': "
-          f"{base.per_byte_received_s!r}, 'bandwidth_bps': {base.network.bandwidth_bps!r}}}", file=sys.stderr)
+    print(f"[fit] FITTED = {{'alpha_s': {base.alpha_s!r}, 'local_s_per_byte': {base.local_s_per_byte!r}}}",
+          file=sys.stderr)
     if a.page:
         sys.path.insert(0, os.path.join(_REPO, "scripts"))
         from doc_block import replace_block

@@ -1,34 +1,37 @@
 """Time of one sparse allreduce from the engine's counted volume: a cost per message, per byte
-and per byte received, fitted to timed exchanges, and predictions to large P from the closed
-forms of :mod:`.volumes`.
+sent and per byte received (each algorithm's own local work), fitted to timed exchanges, and
+predictions to large P from the closed forms of :mod:`.volumes`.
 
 One call of an exchange on P ranks is charged what its busiest rank does (the critical path:
-the engine's collectives wait for the slowest rank, and every rank's link is its own, so the
-rank that sends the most bytes, or the most messages, sets the time):
+the engine's collectives wait for the slowest rank, and every rank's link is its own):
 
-    t = alpha * M + 8 B / bandwidth + gamma * R
+    t = alpha M + beta max(0, B - burst) + c gamma_a R
 
 with M the most messages any rank sends in the call, B the most bytes any rank sends, R the
-most bytes any rank receives (the local work of adding, merging or copying what arrives,
-charged per byte). gTop-k's tree levels run one after the other, so for it M and B are the
-root's messages and bytes both ways (:func:`busiest`). alpha and bandwidth are :class:`.model.Network`'s ``latency_s`` and
-``bandwidth_bps`` (the what-if model's link, one message = one latency), gamma is the local
-work per byte received. :func:`fit` finds the three by non-negative least squares from timed
-records (``scripts/bench_exchange.py`` with recorded selections: each record holds every
+most bytes any rank receives; gTop-k's tree levels run one after the other, so for it M and B
+are the root's messages and bytes both ways (:func:`busiest`). alpha and beta = 8 / bandwidth
+are :class:`.model.Network`'s ``latency_s`` and ``bandwidth_bps`` (the what-if model's link);
+gamma_a is algorithm a's local work per byte received (adding for dense, merging the received
+sparse vectors for the others: they differ by a factor of 100 per byte); c = max(1, P / cores)
+is the oversubscription of the machine that was timed (1 where every rank has its own core);
+``burst`` is the emulated link's token bucket (``tc tbf burst``, 256 KiB in scripts/netem.py:
+that much leaves at the speed of the host, not of the link), 0 on a real link. :func:`fit`
+and :func:`fit_links` find the costs by non-negative least squares on relative error from
+timed records (``scripts/bench_exchange.py`` with recorded selections: each record holds every
 rank's counters for each timed call); :func:`features` reads (M, B, R) from a record,
 :func:`critical_volume` from the closed forms at any P.
 
-It leaves out: the time a rank waits for a slower peer's local work (only the busiest
-rank's counters enter), the selection of the top-k itself (the exchange starts from it),
-contention inside a switch (each link is its own), and any change of alpha with P (fitted
-where P <= 8).
+It leaves out: the time a rank waits for a slower peer's local work (only the busiest rank's
+counters enter), the selection of the top-k itself (the exchange starts from it), contention
+inside a switch, any change of alpha or gamma with P other than the oversubscription (fitted
+where P <= 8), and the sparse vectors' growth in the local work of TopkA beyond linear.
 
-    >>> cost = ExchangeCost(Network(8e9, 1e-4), per_byte_received_s=0.0)
+    >>> cost = ExchangeCost(Network(8e9, 1e-4))
     >>> round(cost.seconds(Features(messages=10, bytes_sent=1e6, bytes_received=0)), 6)
     0.002
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,24 +40,31 @@ from horovod_sparse.whatif.model import Network
 
 #: Ok-Topk's defaults: repartition every ``TAU`` calls, exact threshold every ``TAU_PRIME``
 TAU, TAU_PRIME = 64, 32
+#: scripts/netem.py's ``tc tbf burst`` (256kb: KiB)
+NETEM_BURST_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
 class Features:
-    """What sets one call's time: the busiest rank's messages sent, bytes sent, bytes received."""
+    """What sets one call's time: the busiest rank's messages sent, bytes sent, bytes received;
+    the algorithm (its local work per byte) and the ranks per core where it ran (>= 1)."""
 
     messages: float
     bytes_sent: float
     bytes_received: float
+    algorithm: str = "dense"
+    oversubscription: float = 1.0
 
 
 @dataclass(frozen=True)
 class ExchangeCost:
-    """A link (:class:`.model.Network`: bandwidth and latency per message) and the local work
-    per byte received."""
+    """A link (:class:`.model.Network`: bandwidth, and latency per message), each algorithm's
+    local work per byte received (``local_s_per_byte``: {algorithm: seconds}), and the link's
+    token-bucket burst (0: a real link)."""
 
     network: Network
-    per_byte_received_s: float = 0.0
+    local_s_per_byte: dict = field(default_factory=dict)
+    burst_bytes: float = 0.0
 
     @property
     def alpha_s(self):
@@ -66,16 +76,18 @@ class ExchangeCost:
         return 8.0 / self.network.bandwidth_bps
 
     def seconds(self, f):
-        return (self.network.transfer(f.bytes_sent, f.messages)
-                + self.per_byte_received_s * f.bytes_received)
+        wire = self.network.transfer(max(0.0, f.bytes_sent - self.burst_bytes), f.messages)
+        return wire + f.oversubscription * self.local_s_per_byte.get(f.algorithm, 0.0) * f.bytes_received
 
-    def on_link(self, gbps):
-        """The same per-message and local costs on a link of ``gbps`` Gbit/s (nominal rate)."""
-        return ExchangeCost(Network.from_gbps(gbps, self.network.latency_s), self.per_byte_received_s)
+    def on_link(self, gbps, latency_s=None):
+        """The same local costs on a real (no burst) link of ``gbps`` Gbit/s (nominal rate), with
+        this per-message cost or ``latency_s``."""
+        lat = self.network.latency_s if latency_s is None else latency_s
+        return ExchangeCost(Network.from_gbps(gbps, lat), dict(self.local_s_per_byte), 0.0)
 
 
 # ------------------------------------------------------------------ from timed records
-def busiest(algorithm, per_rank):
+def busiest(algorithm, per_rank, oversubscription=1.0):
     """:class:`Features` of one call from ``per_rank`` (messages sent, bytes sent, bytes
     received, messages received) of every rank: the most over ranks of each. For gTop-k,
     whose tree levels run one after the other, the chain through the root is the critical
@@ -87,10 +99,17 @@ def busiest(algorithm, per_rank):
     else:
         m = max(ms for ms, _, _, _ in per_rank)
         b = max(bs for _, bs, _, _ in per_rank)
-    return Features(float(m), float(b), float(max(br for _, _, br, _ in per_rank)))
+    return Features(float(m), float(b), float(max(br for _, _, br, _ in per_rank)), algorithm,
+                    float(oversubscription))
 
 
-def features(record, call=None):
+def oversubscription(record, cores=None):
+    """Ranks per core of a record's run: max(1, P / cores) (cores: the record's ``cpus``)."""
+    cores = cores or record.get("cpus") or record["P"]
+    return max(1.0, record["P"] / cores)
+
+
+def features(record, call=None, cores=None):
     """:class:`Features` of a bench record (``per_call``: every rank's counters per timed
     call): per call :func:`busiest`, then the mean over the timed calls (or one ``call``)."""
     calls = record["per_call"] if call is None else [record["per_call"][call]]
@@ -99,8 +118,8 @@ def features(record, call=None):
         received = c.get("messages_received", c["messages_sent"])
         per.append(busiest(record["algorithm"], list(zip(c["messages_sent"], c["bytes_sent"],
                                                          c["bytes_received"], received))))
-    return Features(*(float(np.mean([getattr(f, x) for f in per])) for x in ("messages", "bytes_sent",
-                                                                               "bytes_received")))
+    mean = [float(np.mean([getattr(f, x) for f in per])) for x in ("messages", "bytes_sent", "bytes_received")]
+    return Features(*mean, record["algorithm"], oversubscription(record, cores))
 
 
 def measured_seconds(record):
@@ -108,49 +127,23 @@ def measured_seconds(record):
     return float(record["median_s"])
 
 
-def fit(records, local=True):
-    """Non-negative least squares of :func:`measured_seconds` on (M, B, R) of the records
-    (one link); relative errors are what is minimised (each row divided by its time), so that
-    a 10 ms and a 1 s call count alike. ``local=False`` fits alpha and beta only. Returns an
-    :class:`ExchangeCost`."""
-    from scipy.optimize import nnls
-    rows, times = [], []
-    for rec in records:
-        f = features(rec)
-        rows.append([f.messages, f.bytes_sent] + ([f.bytes_received] if local else []))
-        times.append(measured_seconds(rec))
-    A, t = np.asarray(rows, float), np.asarray(times, float)
-    if len(t) < A.shape[1]:
-        raise ValueError(f"need at least {A.shape[1]} records to fit, got {len(t)}")
-    w = 1.0 / t
-    scale = A.max(axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(A * w[:, None] / scale, t * w)
-    coef = coef / scale
-    alpha, beta = float(coef[0]), float(coef[1])
-    gamma = float(coef[2]) if local else 0.0
-    bandwidth = 8.0 / beta if beta > 0 else math.inf
-    return ExchangeCost(Network(bandwidth, alpha), gamma)
-
-
-def fit_links(records_by_link, per_link_alpha=False):
-    """One fit over several links (``{label: records}``): a bandwidth per link, and the
-    per-message cost (unless ``per_link_alpha``) and the local work per byte received shared
-    by all. Bytes sent and received are nearly equal in most exchanges, so one link alone
-    hardly tells beta from gamma; links of different rates do (beta changes, gamma does not).
+def fit_links(records_by_link, burst_bytes=0.0, cores=None):
+    """One fit over one or more links (``{label: records}``): a bandwidth per link; the
+    per-message cost and every algorithm's local work per byte received shared by all.
+    Bytes sent and received are nearly equal in most exchanges, so one link alone hardly
+    tells beta from gamma; links of different rates do (beta changes, gamma does not).
     Non-negative least squares on relative error. Returns ``{label: ExchangeCost}``."""
     from scipy.optimize import nnls
     labels = list(records_by_link)
-    L = len(labels)
-    n_alpha = L if per_link_alpha else 1
+    algs = sorted({r["algorithm"] for recs in records_by_link.values() for r in recs})
     rows, times = [], []
     for j, label in enumerate(labels):
         for rec in records_by_link[label]:
-            f = features(rec)
-            row = [0.0] * (n_alpha + 1 + L)
-            row[j if per_link_alpha else 0] = f.messages
-            row[n_alpha] = f.bytes_received
-            row[n_alpha + 1 + j] = f.bytes_sent
+            f = features(rec, cores=cores)
+            row = [0.0] * (1 + len(algs) + len(labels))
+            row[0] = f.messages
+            row[1 + algs.index(f.algorithm)] = f.oversubscription * f.bytes_received
+            row[1 + len(algs) + j] = max(0.0, f.bytes_sent - burst_bytes)
             rows.append(row)
             times.append(measured_seconds(rec))
     A, t = np.asarray(rows, float), np.asarray(times, float)
@@ -161,19 +154,25 @@ def fit_links(records_by_link, per_link_alpha=False):
     scale[scale == 0] = 1.0
     coef, _ = nnls(A * w[:, None] / scale, t * w)
     coef = coef / scale
+    local = {a: float(coef[1 + i]) for i, a in enumerate(algs)}
     out = {}
     for j, label in enumerate(labels):
-        beta = float(coef[n_alpha + 1 + j])
-        alpha = float(coef[j if per_link_alpha else 0])
-        out[label] = ExchangeCost(Network(8.0 / beta if beta > 0 else math.inf, alpha), float(coef[n_alpha]))
+        beta = float(coef[1 + len(algs) + j])
+        out[label] = ExchangeCost(Network(8.0 / beta if beta > 0 else math.inf, float(coef[0])), local,
+                                  burst_bytes)
     return out
 
 
-def validation(records, cost):
+def fit(records, burst_bytes=0.0, cores=None):
+    """:func:`fit_links` of one link's records: an :class:`ExchangeCost`."""
+    return fit_links({"link": list(records)}, burst_bytes, cores)["link"]
+
+
+def validation(records, cost, cores=None):
     """[(record, predicted s, measured s, relative error)] of ``cost`` on the records."""
     out = []
     for rec in records:
-        p, m = cost.seconds(features(rec)), measured_seconds(rec)
+        p, m = cost.seconds(features(rec, cores=cores)), measured_seconds(rec)
         out.append((rec, p, m, p / m - 1.0))
     return out
 
@@ -223,7 +222,7 @@ def critical_volume(algorithm, n, k, P, overlap=None, call=1):
     for the union of the selections): the most over ranks. Ok-Topk's ``call`` number decides
     whether it repartitions and computes the exact threshold (call 1: neither)."""
     if P <= 1:
-        return Features(0.0, 0.0, 0.0)
+        return Features(0.0, 0.0, 0.0, algorithm)
     kw = {}
     if algorithm in ("dsa", "oktopk"):
         kw["stats"] = _stats(n, k, P, overlap)
@@ -285,17 +284,19 @@ def fastest(n, k, P, cost, algorithms=vol.ALGORITHMS, overlap=None):
 
 # ------------------------------------------------------------------ the fitted costs
 #: The joint fit (:func:`fit_links`) of docs/results/data/oktopk-scale/timed-1gbit.jsonl and
-#: timed-10gbit.jsonl, recorded step 30 (scripts/predict_scale.py prints it): per message and
-#: per byte received; ``bandwidth_bps``: what the emulated 10 Gbit/s link gave (the predictions
-#: use the nominal rate).
-FITTED = {"alpha_s": 6e-05, "per_byte_received_s": 5e-10, "bandwidth_bps": 5e9}
+#: timed-10gbit.jsonl, recorded step 30, burst 256 KiB, 2 cores (scripts/predict_scale.py
+#: prints it): seconds per message and each algorithm's local seconds per byte received.
+FITTED = {"alpha_s": 0.00014855804658958657,
+          "local_s_per_byte": {"allgather": 5.4527439157006825e-09, "dense": 1.5516436514748287e-09,
+                               "dsa": 5.324241209712038e-11, "gtopk": 2.283043451895305e-09, "oktopk": 0.0}}
 
 
-def default_cost(gbps):
-    """The fitted per-message and local costs on a nominal ``gbps`` link (the what-if advice)."""
-    return ExchangeCost(Network.from_gbps(gbps, FITTED["alpha_s"]),
-                        FITTED["per_byte_received_s"])
+def default_cost(gbps, latency_s=None):
+    """The fitted per-message and local costs on a real ``gbps`` link (nominal rate): the
+    what-if advice's costs (``latency_s`` replaces the fitted per-message cost)."""
+    return ExchangeCost(Network.from_gbps(gbps, FITTED["alpha_s"]), dict(FITTED["local_s_per_byte"])).on_link(
+        gbps, latency_s)
 
 
-__all__ = ["Features", "ExchangeCost", "Overlap", "busiest", "features", "fit", "fit_links", "validation", "critical_volume",
+__all__ = ["Features", "ExchangeCost", "Overlap", "busiest", "features", "oversubscription", "NETEM_BURST_BYTES", "fit", "fit_links", "validation", "critical_volume",
            "predict_seconds", "sweep", "crossover", "lead_until", "fastest", "default_cost", "FITTED"]

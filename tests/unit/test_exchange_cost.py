@@ -14,72 +14,76 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TIMED = [os.path.join(ROOT, "docs", "results", "data", "oktopk-scale", f"timed-{r}.jsonl") for r in ("1gbit", "10gbit")]
 
 
-def _record(algorithm, P, per_rank, seconds):
-    """A bench record with the given per-rank counters (messages, sent, received) on 2 calls."""
+def _record(algorithm, P, per_rank, seconds, cpus=2):
+    """A bench record with the given per-rank counters (messages, sent, received, messages
+    received) on 2 calls."""
     call = {"messages_sent": [x[0] for x in per_rank], "bytes_sent": [x[1] for x in per_rank],
             "bytes_received": [x[2] for x in per_rank], "messages_received": [x[-1] for x in per_rank]}
     return {"algorithm": algorithm, "P": P, "rate": "test", "median_s": seconds, "min_s": seconds,
-            "max_s": seconds, "per_call": [call, call]}
+            "max_s": seconds, "per_call": [call, call], "cpus": cpus}
 
 
-def _synthetic(alpha, beta, gamma):
+GAMMA = {"dense": 1.5e-9, "allgather": 5e-9, "gtopk": 2e-9, "dsa": 1e-10, "oktopk": 3e-10}
+
+
+def _synthetic(alpha, beta, gamma=GAMMA, burst=0.0, Ps=(2, 4, 8), n=1_000_000, k=10_000):
     recs = []
     for alg in vol.ALGORITHMS:
-        for P in (2, 4, 8):
+        for P in Ps:
             per_rank = [(v.messages_sent, v.bytes_sent, v.bytes_received, v.messages_received)
-                        for v in (vol.volume(alg, 1_000_000, 10_000, P, r) for r in range(P))]
+                        for v in (vol.volume(alg, n, k, P, r) for r in range(P))]
             f = ec.busiest(alg, per_rank)
-            recs.append(_record(alg, P, per_rank, alpha * f.messages + beta * f.bytes_sent + gamma * f.bytes_received))
+            c = max(1, P / 2)
+            t = alpha * f.messages + beta * max(0, f.bytes_sent - burst) + c * gamma[alg] * f.bytes_received
+            recs.append(_record(alg, P, per_rank, t))
     return recs
 
 
-@pytest.mark.parametrize("alpha,beta,gamma", [(50e-6, 8e-9, 1e-9), (1e-4, 0.8e-9, 0.0), (2e-5, 3e-9, 5e-10)])
-def test_fit_recovers_alpha_beta_gamma_from_synthetic_records(alpha, beta, gamma):
-    cost = ec.fit(_synthetic(alpha, beta, gamma))
+@pytest.mark.parametrize("alpha,beta", [(50e-6, 8e-9), (1e-4, 0.8e-9), (2e-5, 3e-9)])
+def test_fit_recovers_alpha_beta_and_local_costs_from_synthetic_records(alpha, beta):
+    recs = _synthetic(alpha, beta, Ps=(2, 3, 4, 6, 8))
+    cost = ec.fit(recs)
     assert cost.alpha_s == pytest.approx(alpha, rel=1e-6)
     assert cost.beta_s == pytest.approx(beta, rel=1e-6)
-    assert cost.per_byte_received_s == pytest.approx(gamma, rel=1e-6, abs=1e-18)
-    assert all(abs(e) < 1e-6 for *_, e in ec.validation(_synthetic(alpha, beta, gamma), cost))
+    for a, g in GAMMA.items():
+        assert cost.local_s_per_byte[a] == pytest.approx(g, rel=1e-5)
+    assert all(abs(e) < 1e-6 for *_, e in ec.validation(recs, cost))
 
 
-def test_joint_fit_over_links_recovers_per_link_bandwidth_and_shared_costs():
-    recs = {"slow": _synthetic(40e-6, 8e-9, 1e-9), "fast": _synthetic(40e-6, 0.8e-9, 1e-9)}
-    fits = ec.fit_links(recs)
+def test_joint_fit_over_links_recovers_per_link_bandwidth_and_shared_costs_with_a_burst():
+    burst = 256 * 1024
+    recs = {"slow": _synthetic(40e-6, 8e-9, burst=burst), "fast": _synthetic(40e-6, 0.8e-9, burst=burst)}
+    fits = ec.fit_links(recs, burst_bytes=burst)
     assert fits["slow"].beta_s == pytest.approx(8e-9, rel=1e-6)
     assert fits["fast"].network.gbps == pytest.approx(10.0, rel=1e-6)
     for c in fits.values():
-        assert (c.alpha_s, c.per_byte_received_s) == (pytest.approx(40e-6, rel=1e-6), pytest.approx(1e-9, rel=1e-6))
-    recs["fast"] = _synthetic(20e-6, 0.8e-9, 1e-9)
-    fits = ec.fit_links(recs, per_link_alpha=True)
-    assert (fits["slow"].alpha_s, fits["fast"].alpha_s) == (pytest.approx(40e-6, rel=1e-6), pytest.approx(20e-6, rel=1e-6))
-
-
-def test_fit_without_local_term_recovers_alpha_beta():
-    cost = ec.fit(_synthetic(30e-6, 4e-9, 0.0), local=False)
-    assert (cost.alpha_s, cost.beta_s) == (pytest.approx(30e-6, rel=1e-6), pytest.approx(4e-9, rel=1e-6))
-    assert cost.network.bandwidth_bps == pytest.approx(2e9, rel=1e-6)
+        assert c.alpha_s == pytest.approx(40e-6, rel=1e-6)
+        assert c.local_s_per_byte["allgather"] == pytest.approx(5e-9, rel=1e-6)
+        assert c.burst_bytes == burst
+    assert fits["fast"].on_link(25).burst_bytes == 0.0
 
 
 def test_features_take_the_busiest_rank_per_call_then_the_mean_over_calls():
-    rec = _record("dsa", 2, [(3, 100, 7, 1), (5, 40, 9, 1)], 1.0)
+    rec = _record("dsa", 8, [(3, 100, 7, 1), (5, 40, 9, 1)], 1.0)
     rec["per_call"][1] = {"messages_sent": [1, 1], "bytes_sent": [300, 0], "bytes_received": [0, 1],
                           "messages_received": [1, 1]}
-    assert ec.features(rec) == ec.Features(3.0, 200.0, 5.0)
-    assert ec.features(rec, call=0) == ec.Features(5.0, 100.0, 9.0)
+    assert ec.features(rec) == ec.Features(3.0, 200.0, 5.0, "dsa", 4.0)
+    assert ec.features(rec, call=0) == ec.Features(5.0, 100.0, 9.0, "dsa", 4.0)
+    assert ec.features(rec, cores=16).oversubscription == 1.0
 
 
 def test_gtopk_counts_the_root_chain_both_ways():
     per_rank = [(3, 100, 700, 8), (5, 400, 90, 1)]
-    assert ec.busiest("gtopk", per_rank) == ec.Features(11.0, 800.0, 700.0)
-    assert ec.busiest("allgather", per_rank) == ec.Features(5.0, 400.0, 700.0)
+    assert ec.busiest("gtopk", per_rank) == ec.Features(11.0, 800.0, 700.0, "gtopk")
+    assert ec.busiest("allgather", per_rank) == ec.Features(5.0, 400.0, 700.0, "allgather")
 
 
 def test_fit_needs_enough_records():
     with pytest.raises(ValueError):
-        ec.fit(_synthetic(1e-5, 1e-9, 0.0)[:2])
+        ec.fit(_synthetic(1e-5, 1e-9)[:2])
 
 
-COST = ec.ExchangeCost(Network.from_gbps(10, 50e-6), 1e-10)
+COST = ec.ExchangeCost(Network.from_gbps(10, 50e-6), {a: 1e-10 for a in vol.ALGORITHMS})
 PS = [2 ** i for i in range(1, 11)]
 
 
@@ -129,7 +133,7 @@ def test_crossover_on_a_constructed_case():
 
 def test_crossover_of_topka_by_oktopk_is_found_on_a_large_gradient():
     """TopkA's bytes grow as (P-1)k, Ok-Topk's stay below 6k: on a slow link it overtakes."""
-    cost = ec.ExchangeCost(Network.from_gbps(1, 50e-6), 0.0)
+    cost = ec.ExchangeCost(Network.from_gbps(1, 50e-6))
     times = ec.sweep(10_000_000, 100_000, PS, cost, ("allgather", "oktopk"))
     c = ec.crossover(times, PS, "oktopk", "allgather")
     assert c is not None and c <= 8
@@ -139,7 +143,8 @@ def test_crossover_of_topka_by_oktopk_is_found_on_a_large_gradient():
 
 def test_on_link_keeps_alpha_and_gamma():
     c = COST.on_link(100)
-    assert (c.alpha_s, c.per_byte_received_s, c.network.gbps) == (50e-6, 1e-10, 100.0)
+    assert (c.alpha_s, c.local_s_per_byte["dsa"], c.network.gbps) == (50e-6, 1e-10, 100.0)
+    assert COST.on_link(100, 25e-6).alpha_s == 25e-6
 
 
 @pytest.mark.skipif(not all(os.path.exists(p) for p in TIMED), reason="no timed records")
@@ -151,9 +156,10 @@ def test_shipped_constants_are_the_joint_fit_of_the_shipped_records():
                 r = json.loads(line) if line.strip() else None
                 if r and r.get("selections_step") == 30:
                     recs.setdefault(r["rate"], []).append(r)
-    cost = ec.fit_links(recs)["10gbit"]
+    cost = ec.fit_links(recs, burst_bytes=ec.NETEM_BURST_BYTES)["10gbit"]
     assert ec.FITTED["alpha_s"] == pytest.approx(cost.alpha_s, rel=1e-6)
-    assert ec.FITTED["per_byte_received_s"] == pytest.approx(cost.per_byte_received_s, rel=1e-6, abs=1e-20)
+    for a, g in cost.local_s_per_byte.items():
+        assert ec.FITTED["local_s_per_byte"][a] == pytest.approx(g, rel=1e-6, abs=1e-20)
     assert ec.default_cost(25).network.gbps == 25.0
 
 
