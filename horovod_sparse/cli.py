@@ -380,11 +380,11 @@ def cmd_whatif_sparse(args, parser, trace, out):
     """``whatif --sparse-allreduce``: per cluster size and link, one exchange of the trace's
     gradient by each of the engine's algorithms (:mod:`horovod_sparse.whatif.exchange_cost`)."""
     from horovod_sparse.whatif import exchange_cost as ec
+    from horovod_sparse.whatif.volumes import LABELS
     if args.density > 1:
         parser.error("--density must be in (0, 1]")
     n = int(trace.nbytes // 4)
     k = max(1, int(round(args.density * n)))
-    names = {"dense": "dense", "allgather": "TopkA", "gtopk": "gTop-k", "dsa": "TopkDSA", "oktopk": "Ok-Topk"}
     cells = []
     for w in args.workers:
         for g in args.bandwidth:
@@ -400,8 +400,8 @@ def cmd_whatif_sparse(args, parser, trace, out):
           f"from the closed forms with {base.alpha_s * 1e6:.0f} us per message and each algorithm's local work "
           "per byte received, fitted to timed exchanges (docs/results/oktopk-scale.md)",
           file=out)
-    _table("predicted ms per exchange", ["workers", "Gbit/s"] + list(names.values()) + ["fastest"],
-           [[str(w), f"{g:g}"] + [f"{times[a] * 1e3:,.1f}" for a in names] + [names[best]]
+    _table("predicted ms per exchange", ["workers", "Gbit/s"] + list(LABELS.values()) + ["fastest"],
+           [[str(w), f"{g:g}"] + [f"{times[a] * 1e3:,.1f}" for a in LABELS] + [LABELS[best]]
             for w, g, best, times in cells], out)
     return 0
 

@@ -332,12 +332,6 @@ def main(argv=None):
 
 
 # ------------------------------------------------------------------ report (no MPI)
-def _oktopk_schedule(call, tau=64, tau_prime=32):
-    """(repartition, exact threshold) of Ok-Topk's call number ``call`` at the defaults
-    (an input that changes between calls may also force an exact threshold)."""
-    return call % tau == 0, call % tau_prime == 0
-
-
 def closed_forms(algorithm, n, k, P, call, nnz=None, data=None):
     """Per-rank :class:`~horovod_sparse.whatif.volumes.Volume` lists of one call: from (n, k, P)
     alone (the uniform model) and, with ``data`` = (the P ranks' index arrays, value arrays),
@@ -345,7 +339,7 @@ def closed_forms(algorithm, n, k, P, call, nnz=None, data=None):
     from horovod_sparse.whatif import volumes as vol
     model_kw, data_kw = {}, {}
     if algorithm == "oktopk":
-        repartition, exact = _oktopk_schedule(call)
+        repartition, exact = vol.oktopk_schedule(call)
         model_kw = data_kw = dict(repartition=repartition, exact=exact)
     if algorithm == "gtopk" and nnz is not None:
         model_kw = data_kw = dict(selected=nnz)
@@ -413,7 +407,7 @@ def volume_table(rows, step):
             "the data | ratio | paper (elements x 4 B) | counted / paper |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     mine = [r for r in rows if r["step"] == step]
-    for alg in ALGORITHM_ORDER:
+    for alg in _labels():
         for P in sorted({r["P"] for r in mine if r["algorithm"] == alg}):
             calls = sorted((r for r in mine if r["algorithm"] == alg and r["P"] == P),
                            key=lambda r: r["call"])
@@ -423,7 +417,7 @@ def volume_table(rows, step):
                 fed = (f"{r['data_sent']:,.0f}{'' if r['data_exact_every_rank'] else ' (not every rank)'} | "
                        f"{r['sent_mean'] / r['data_sent']:.4f}") if "data_sent" in r else "- | -"
                 lines.append(
-                    f"| {_LABELS[alg]} | {P} | {r['call']} | {r['sent_mean']:,.0f} | {r['sent_max']:,.0f} | "
+                    f"| {_labels()[alg]} | {P} | {r['call']} | {r['sent_mean']:,.0f} | {r['sent_max']:,.0f} | "
                     f"{r['received_mean']:,.0f} | {r['messages_mean']:.1f} / {r['messages_max']:.0f} "
                     f"({r['model_messages']:.1f}) | "
                     f"{r['model_sent']:,.0f} | {r['sent_mean'] / r['model_sent']:.4f} | {fed} | "
@@ -441,7 +435,7 @@ def ratio_table(rows):
              f"lowest-highest over the recorded steps {', '.join(map(str, steps))}", "",
              head, "|" + " --- |" * (len(Ps) + 1)]
     variants = []
-    for alg in ALGORITHM_ORDER:
+    for alg in _labels():
         if alg == "oktopk":
             variants += [(alg, "first call", lambda r: r["call"] == 0),
                          (alg, "later call", lambda r: r["call"] > 0)]
@@ -455,7 +449,7 @@ def ratio_table(rows):
             cells.append("-" if not q else f"{min(q):.3f}" if round(min(q), 3) == round(max(q), 3)
                          else f"{min(q):.3f}-{max(q):.3f}")
         if cells and any(c != "-" for c in cells):
-            name = _LABELS[alg] + (f", {label}" if label else "")
+            name = _labels()[alg] + (f", {label}" if label else "")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     fed = [r for r in rows if "data_sent" in r]
     if fed:
@@ -481,16 +475,15 @@ def causes_table(records, selections, step):
     for P in sorted({r["P"] for r in records}):
         sel = [np.asarray(i, np.int64) for i in idx[:P]]
         union = np.unique(np.concatenate(sel)).size
-        model_union = n * (1.0 - (1.0 - k / n) ** P)
+        model_union = vol.uniform_union(n, k, P)
         equal = vol.data_stats(sel, [(j * n) // P for j in range(P + 1)])
         dense_regions = sum(1 for u, length in zip(equal.union, equal.length) if u * 8 > length * 4)
         bounds = vol.oktopk_bounds(sel, n)
         st = vol.data_stats(sel, bounds)
         spr = vol.selected_per_region(sel, list(vals[:P]), bounds, k)
         phase1 = np.mean([(c - o) * 8 for c, o in zip(st.counts, st.own)]) - 8 * k * (P - 1) / P
-        balancing = np.mean([vol._balance(spr, P, r, 8).bytes_sent for r in range(P)]) \
-            - np.mean([vol._balance([(q + 1) * k // P - q * k // P for q in range(P)], P, r, 8).bytes_sent
-                       for r in range(P)])
+        balancing = np.mean([vol.balance(spr, P, r, 8).bytes_sent for r in range(P)]) \
+            - np.mean([vol.balance(vol.equal_parts(k, P), P, r, 8).bytes_sent for r in range(P)])
         share = [o / (k / P) for o in st.own]
         lines.append(f"| {P} | {union:,} | {model_union:,.0f} | {union / model_union:.3f} | "
                      f"{dense_regions} of {P} | {phase1:,.0f} | {balancing:,.0f} | "
@@ -504,9 +497,9 @@ def markdown_table(rows, step=None):
     return (f"recorded step {step}\n\n" + volume_table(rows, step) + "\n" + ratio_table(rows)), step
 
 
-ALGORITHM_ORDER = ("dense", "allgather", "gtopk", "dsa", "oktopk")
-_LABELS = {"dense": "dense (ring)", "allgather": "TopkA", "gtopk": "gTop-k", "dsa": "TopkDSA",
-           "oktopk": "Ok-Topk"}
+def _labels():
+    from horovod_sparse.whatif.volumes import LABELS
+    return LABELS
 
 
 def plot_rows(rows, path, step=None):
@@ -516,7 +509,7 @@ def plot_rows(rows, path, step=None):
     steady = [r for r in rows if (r["algorithm"] != "oktopk" or r["call"] > 0)
               and (step is None or r["step"] == step)]
     fig, (ax, am) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for i, alg in enumerate(ALGORITHM_ORDER):
+    for i, alg in enumerate(_labels()):
         mine = sorted((r for r in steady if r["algorithm"] == alg), key=lambda r: r["P"])
         by_p = {}
         for r in mine:  # one point per P (a later call: Ok-Topk's first one also repartitions)
@@ -525,10 +518,10 @@ def plot_rows(rows, path, step=None):
             continue
         ps = sorted(by_p)
         color = f"C{i}"
-        ax.plot(ps, [by_p[p]["sent_mean"] for p in ps], "o-", color=color, label=f"{_LABELS[alg]} counted")
+        ax.plot(ps, [by_p[p]["sent_mean"] for p in ps], "o-", color=color, label=f"{_labels()[alg]} counted")
         ax.plot(ps, [by_p[p]["model_sent"] for p in ps], "--", color=color, alpha=0.6)
         ax.plot(ps, [by_p[p]["paper_bytes"] for p in ps], ":", color=color, alpha=0.6)
-        am.plot(ps, [by_p[p]["messages_mean"] for p in ps], "o-", color=color, label=_LABELS[alg])
+        am.plot(ps, [by_p[p]["messages_mean"] for p in ps], "o-", color=color, label=_labels()[alg])
     r0 = rows[0]
     ax.set(xscale="log", yscale="log", xlabel="P (ranks)", ylabel="bytes sent per rank per call (mean)")
     fig.suptitle(f"n = {r0['n']:,}, k = {r0['k']:,}, recorded step {step}: counted (o), closed form "

@@ -33,9 +33,7 @@ if _REPO not in sys.path:
 from horovod_sparse.whatif import exchange_cost as ec  # noqa: E402
 from horovod_sparse.whatif import volumes as vol  # noqa: E402
 
-ORDER = ("dense", "allgather", "gtopk", "dsa", "oktopk")
-LABELS = {"dense": "dense (ring)", "allgather": "TopkA", "gtopk": "gTop-k", "dsa": "TopkDSA",
-          "oktopk": "Ok-Topk"}
+ORDER, LABELS = vol.ALGORITHMS, vol.LABELS
 #: gradient sizes (elements) predicted: BERT-base, and the two real workloads' models
 MODELS = {"BERT-base (110M)": 110_000_000, "transformer LM (19.2M)": 19_200_000,
           "ResNet-18 (11.2M)": 11_200_000}

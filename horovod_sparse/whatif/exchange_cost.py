@@ -38,8 +38,6 @@ import numpy as np
 from horovod_sparse.whatif import volumes as vol
 from horovod_sparse.whatif.model import Network
 
-#: Ok-Topk's defaults: repartition every ``TAU`` calls, exact threshold every ``TAU_PRIME``
-TAU, TAU_PRIME = 64, 32
 #: scripts/netem.py's ``tc tbf burst`` (256kb: KiB)
 NETEM_BURST_BYTES = 256 * 1024
 
@@ -188,8 +186,7 @@ class Overlap:
     exponent: float
 
     def union(self, n, k, P):
-        uniform = n * (1.0 - (1.0 - min(1.0, k / n)) ** P)
-        return min(uniform, self.coefficient * k * P ** self.exponent)
+        return min(vol.uniform_union(n, k, P), self.coefficient * k * P ** self.exponent)
 
     @classmethod
     def fitted(cls, unions, k):
@@ -227,7 +224,8 @@ def critical_volume(algorithm, n, k, P, overlap=None, call=1):
     if algorithm in ("dsa", "oktopk"):
         kw["stats"] = _stats(n, k, P, overlap)
     if algorithm == "oktopk":
-        kw.update(repartition=call % TAU == 0, exact=call % TAU_PRIME == 0)
+        repartition, exact = vol.oktopk_schedule(call)
+        kw.update(repartition=repartition, exact=exact)
     per = [vol.volume(algorithm, n, k, P, r, **kw) for r in _ranks(algorithm, P)]
     return busiest(algorithm, [(v.messages_sent, v.bytes_sent, v.bytes_received, v.messages_received)
                                for v in per])
@@ -239,11 +237,10 @@ def predict_seconds(algorithm, n, k, P, cost, overlap=None, amortized=True):
     if algorithm != "oktopk" or not amortized:
         return cost.seconds(critical_volume(algorithm, n, k, P, overlap))
     later = cost.seconds(critical_volume(algorithm, n, k, P, overlap, call=1))
-    exact = cost.seconds(critical_volume(algorithm, n, k, P, overlap, call=TAU_PRIME))
+    exact = cost.seconds(critical_volume(algorithm, n, k, P, overlap, call=vol.TAU_PRIME))
     first = cost.seconds(critical_volume(algorithm, n, k, P, overlap, call=0))
-    calls = TAU
-    n_exact = TAU // TAU_PRIME - 1
-    return (first + n_exact * exact + (calls - 1 - n_exact) * later) / calls
+    n_exact = vol.TAU // vol.TAU_PRIME - 1
+    return (first + n_exact * exact + (vol.TAU - 1 - n_exact) * later) / vol.TAU
 
 
 def sweep(n, k, Ps, cost, algorithms=vol.ALGORITHMS, overlap=None):
@@ -294,9 +291,10 @@ FITTED = {"alpha_s": 0.00014855804658958657,
 def default_cost(gbps, latency_s=None):
     """The fitted per-message and local costs on a real ``gbps`` link (nominal rate): the
     what-if advice's costs (``latency_s`` replaces the fitted per-message cost)."""
-    return ExchangeCost(Network.from_gbps(gbps, FITTED["alpha_s"]), dict(FITTED["local_s_per_byte"])).on_link(
-        gbps, latency_s)
+    alpha = FITTED["alpha_s"] if latency_s is None else latency_s
+    return ExchangeCost(Network.from_gbps(gbps, alpha), dict(FITTED["local_s_per_byte"]))
 
 
-__all__ = ["Features", "ExchangeCost", "Overlap", "busiest", "features", "oversubscription", "NETEM_BURST_BYTES", "fit", "fit_links", "validation", "critical_volume",
-           "predict_seconds", "sweep", "crossover", "lead_until", "fastest", "default_cost", "FITTED"]
+__all__ = ["Features", "ExchangeCost", "Overlap", "busiest", "features", "oversubscription", "NETEM_BURST_BYTES",
+           "fit", "fit_links", "validation", "critical_volume", "predict_seconds", "sweep", "crossover",
+           "lead_until", "fastest", "default_cost", "FITTED"]

@@ -48,7 +48,13 @@ import numpy as np
 HEADER_FIELDS = 10
 #: Ok-Topk's radix select: 256 int64 counts per pass, one pass per key byte (float32: 4)
 _BUCKETS, _RADIX_PASSES = 256, 4
-ALGORITHMS = ("dense", "allgather", "oktopk", "gtopk", "dsa")
+#: Ok-Topk's defaults (horovod_sparse.exchange.oktopk.DEFAULTS): repartition every ``TAU``
+#: calls, compute the exact threshold every ``TAU_PRIME``
+TAU, TAU_PRIME = 64, 32
+#: the five exchanges, in the order the tables give them
+ALGORITHMS = ("dense", "allgather", "gtopk", "dsa", "oktopk")
+#: the algorithms by name, as the tables and the paper say them
+LABELS = {"dense": "dense (ring)", "allgather": "TopkA", "gtopk": "gTop-k", "dsa": "TopkDSA", "oktopk": "Ok-Topk"}
 
 
 @dataclass(frozen=True)
@@ -179,9 +185,25 @@ class RegionStats:
     counts: tuple
 
 
+def oktopk_schedule(call):
+    """``(repartition, exact threshold)`` of Ok-Topk's call number ``call`` at its defaults (an
+    input that changes between calls may also force an exact threshold)."""
+    return call % TAU == 0, call % TAU_PRIME == 0
+
+
+def uniform_union(n, k, P):
+    """Distinct indices in P independent uniform selections of k of n, on average."""
+    return n * (1.0 - (1.0 - min(1.0, k / n)) ** P) if n else 0.0
+
+
+def equal_parts(k, P):
+    """k entries in P equal parts (the first parts one smaller where k is not a multiple)."""
+    return [(q + 1) * k // P - q * k // P for q in range(P)]
+
+
 def uniform_stats(n, k, P):
     """The stats a uniform random input has on average (equal regions, independent ranks)."""
-    union = n * (1.0 - (1.0 - min(1.0, k / n)) ** P) / P if n else 0.0
+    union = uniform_union(n, k, P) / P
     return RegionStats(own=(k / P,) * P, out_peers=(P - 1,) * P, in_peers=(P - 1,) * P,
                        incoming=(k * (P - 1) / P,) * P, union=(union,) * P,
                        length=(n / P,) * P, counts=(k,) * P)
@@ -232,7 +254,7 @@ def dsa(n, k, P, rank=None, stats=None, value_bytes=4):
     return header(P) + _split_and_reduce(stats, P, rank, ib + vb) + layout + gathered
 
 
-def _balance(selected_per_region, P, rank, pair):
+def balance(selected_per_region, P, rank, pair):
     """Ok-Topk phase 2: moves to equal shares (point-to-point), then the shares' Allgatherv."""
     K = [int(c) for c in selected_per_region]
     total = sum(K)
@@ -267,7 +289,7 @@ def oktopk(n, k, P, rank=None, stats=None, selected_per_region=None, repartition
         v = v + _ring_allreduce(P, 8, P, rank)
     v = v + _both(16 * (P - 1), P - 1)                # (selected, support) table
     if selected_per_region is None:
-        selected_per_region = [(q + 1) * k // P - q * k // P for q in range(P)]  # k, equal parts
+        selected_per_region = equal_parts(k, P)
     if exact:
         target = min(k, int(sum(stats.union)))
         region_entries = [int(u) for u in stats.union]
@@ -282,7 +304,7 @@ def oktopk(n, k, P, rank=None, stats=None, selected_per_region=None, repartition
             for _ in range(_RADIX_PASSES):
                 v = v + _ring_allreduce(_BUCKETS, 8, P, rank)
         v = v + _both(16 * (P - 1), P - 1) + _both(8 * (P - 1), P - 1)   # ties, then counts
-    return v + _balance(selected_per_region, P, rank, ib + vb)
+    return v + balance(selected_per_region, P, rank, ib + vb)
 
 
 def volume(algorithm, n, k, P, rank=None, **details):

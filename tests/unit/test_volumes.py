@@ -25,6 +25,15 @@ def test_header_is_the_engines():
     assert volumes.HEADER_FIELDS == len(HEADER_FIELDS)
 
 
+def test_algorithms_and_oktopk_schedule_are_the_engines():
+    from horovod_sparse.exchange.engine import ALGORITHMS
+    from horovod_sparse.exchange.oktopk import DEFAULTS
+    assert sorted(volumes.ALGORITHMS) == sorted(ALGORITHMS) == sorted(volumes.LABELS)
+    assert (volumes.TAU, volumes.TAU_PRIME) == (DEFAULTS["tau"], DEFAULTS["tau_prime"])
+    assert volumes.oktopk_schedule(0) == (True, True) and volumes.oktopk_schedule(1) == (False, False)
+    assert volumes.oktopk_schedule(volumes.TAU_PRIME) == (False, True)
+
+
 @pytest.mark.parametrize("P", [2, 4, 8, 32])
 def test_payload_terms_agree_with_the_what_if_model(P):
     n, k = 1_000_000, 10_000
