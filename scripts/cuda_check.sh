@@ -48,10 +48,9 @@ main() {
     echo "== cuda_check: $(date -u +%FT%TZ), results in $RESULTS"
     vendor_missing "$work"
     bring_mpi "$work"
-    # NCCL from pip, where there: a Horovod built with it finds it at run time
-    local nccl
-    nccl=$("$PY" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
-    [ -n "$nccl" ] && [ -d "$nccl/lib" ] && export LD_LIBRARY_PATH=$nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # NCCL from pip, where there: the Horovod build links it, and finds it at run time
+    NCCL_DIR=$("$PY" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+    [ -n "$NCCL_DIR" ] && [ -d "$NCCL_DIR/lib" ] && export LD_LIBRARY_PATH=$NCCL_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export PYTHONPATH="$ROOT:$work/site:$work/links${PYTHONPATH:+:$PYTHONPATH}"
     local build_pid=""
     if [ "${CUDA_CHECK_BUILD_HOROVOD:-0}" = 1 ]; then
@@ -225,7 +224,7 @@ bring_mpi() {
 # Builds Horovod with CUDA (HOROVOD_GPU=CUDA: CUDA tensors are accepted, copied to the host for
 # MPI unless HOROVOD_GPU_OPERATIONS=NCCL is set too) into $1/site, from a carried sdist.
 build_horovod() {
-    local work=$1 sdist=${HOROVOD_SDIST:-} src t0=$SECONDS rc nccl gpu_env=()
+    local work=$1 sdist=${HOROVOD_SDIST:-} src t0=$SECONDS rc nccl=${NCCL_DIR:-} gpu_env=()
     [ -z "$sdist" ] && sdist=$(ls "$ROOT"/.whl/horovod-*.tar.gz 2>/dev/null | head -n1)
     echo "build: Horovod with CUDA from ${sdist:-<no sdist>} (at most ${BUILD_SECONDS}s)"
     if [ -z "$sdist" ] || [ ! -f "$sdist" ]; then
@@ -242,7 +241,6 @@ build_horovod() {
     # no unversioned name, which CMake looks for: a private folder of links gives it one)
     gpu_env+=(HOROVOD_BUILD_CUDA_CC_LIST="$("$PY" -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())')")
     command -v nvcc >/dev/null && gpu_env+=(HOROVOD_CUDA_HOME="$(dirname "$(dirname "$(command -v nvcc)")")")
-    nccl=$("$PY" -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
     if [ -n "$nccl" ] && [ -f "$nccl/include/nccl.h" ]; then
         mkdir -p "$work/nccl/lib" && ln -sfn "$nccl/include" "$work/nccl/include"
         ln -sfn "$(ls "$nccl"/lib/libnccl.so* | head -n1)" "$work/nccl/lib/libnccl.so"
