@@ -82,8 +82,9 @@ def fused_params(spec):
     return {"dense_below": 0} if getattr(horovod_sparse.create(spec), "out_of_band", False) else {}
 
 
-def torch_round_trip(spec, gradient, same_gradient=False):
-    """(prepare, run): prepare sets the gradient tensor (untimed), run is one round trip."""
+def torch_round_trip(spec, gradient, same_gradient=False, device="cpu"):
+    """(prepare, run): prepare sets the gradient tensor on ``device`` (untimed), run is one
+    round trip through the frontend."""
     import torch
     import horovod_sparse.torch as hvds
     if spec in HOROVOD:  # Horovod's own, e.g. hvd.Compression.fp16
@@ -91,20 +92,31 @@ def torch_round_trip(spec, gradient, same_gradient=False):
         compressor = getattr(Compression, HOROVOD[spec])
     else:
         compressor = hvds.Compression.from_spec(spec, **fused_params(spec))
-    source = torch.from_numpy(gradient)
+    source = torch.from_numpy(gradient).to(device)
     tensor = source.clone()
-    generator = torch.Generator().manual_seed(1)
+    generator = torch.Generator(device=device).manual_seed(1)
 
     def prepare():
         if same_gradient:
             tensor.copy_(source)
         else:
             torch.randn(tensor.shape, generator=generator, out=tensor)
+        _synchronize(device)
 
     def run():
         payload, ctx = compressor.compress(tensor)
-        return compressor.decompress(payload, ctx)  # at P = 1 the reduced payload is the payload
+        result = compressor.decompress(payload, ctx)  # at P = 1 the reduced payload is the payload
+        _synchronize(device)
+        return result
     return prepare, run
+
+
+def cuda_round_trip(spec, gradient, same_gradient, horovod_there):
+    """``--device cuda``: an out-of-band compressor's pipeline on the device; an in-band one (and
+    Horovod's own) through the frontend on the device, where Horovod is importable, else None."""
+    if fused_params(spec):
+        return pipeline_round_trip(spec, gradient, "cuda", same_gradient)
+    return torch_round_trip(spec, gradient, same_gradient, "cuda") if horovod_there else None
 
 
 def pipeline_round_trip(spec, gradient, device, same_gradient=False):
@@ -258,8 +270,7 @@ def main():
     gradient = np.random.default_rng(0).standard_normal((args.rows, args.cols)).astype(np.float32)
     makers = {"torch": torch_round_trip, "tensorflow": tensorflow_round_trip}
     if args.device == "cuda":
-        makers["torch"] = lambda spec, g, same: (pipeline_round_trip(spec, g, "cuda", same) if fused_params(spec)
-                                                 else torch_round_trip(spec, g, same) if hvd_torch else None)
+        makers["torch"] = lambda spec, g, same: cuda_round_trip(spec, g, same, hvd_torch is not None)
     records = []
     if "torch" in args.frameworks:
         records.append(record(COPY, "torch", measure(*torch_copy(gradient, args.device), args), gradient.nbytes, args))
