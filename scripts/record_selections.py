@@ -32,17 +32,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-
-def parse_size(text):
-    """``"layers=2,d_model=256"`` -> ``{"layers": 2, "d_model": 256}`` (ints where they parse)."""
-    size = {}
-    for part in filter(None, (p.strip() for p in (text or "").split(","))):
-        key, _, value = part.partition("=")
-        try:
-            size[key] = int(value)
-        except ValueError:
-            size[key] = float(value)
-    return size
+from horovod_sparse.bench.tta import model_size  # noqa: E402  (stdlib only at import)
 
 
 def fused_gradient(model):
@@ -63,7 +53,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", default="stdlib_lm", help="stdlib_lm or digits_resnet")
-    p.add_argument("--size", default="layers=2,d_model=256,heads=4",
+    p.add_argument("--size", type=model_size, default="layers=2,d_model=256,heads=4",
                    help="model size for stdlib_lm's build_model (default: %(default)s)")
     p.add_argument("--ranks", type=int, default=32, help="simulated ranks P")
     p.add_argument("--batch", type=int, default=None, help="examples per rank (workload's BATCH)")
@@ -80,7 +70,7 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     w = workloads.get(args.workload)
-    size = parse_size(args.size) if args.workload == "stdlib_lm" else {}
+    size = args.size if args.workload == "stdlib_lm" else {}
     model = w.build_model(seed=args.seed, **size)
     model.train()
     params = list(model.parameters())

@@ -96,7 +96,7 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def _model_size(text: str) -> dict:
+def model_size(text: str) -> dict:
     """``"layers=4,d_model=256"`` -> ``{"layers": 4, "d_model": 256}``."""
     try:
         return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(",") if part.strip())}
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", default=None, choices=RECIPE_NAMES,
                    help="optimizer and schedule (default: the workload's own; see horovod_sparse.workloads.recipes)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
-    p.add_argument("--model", type=_model_size, default={}, metavar="KEY=INT,...",
+    p.add_argument("--model", type=model_size, default={}, metavar="KEY=INT,...",
                    help="model size, e.g. layers=4,d_model=256,heads=4 (the language model; default its own)")
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
     p.add_argument("--link", type=_link, default=None,
