@@ -76,6 +76,10 @@ def build_parser():
                    help="tc rates per rank link, or loopback (default: loopback 1gbit 10gbit)")
     p.add_argument("--models", nargs="+", default=["mlp5", "mlp30"], choices=step.MODEL_CHOICES,
                    help="default: mlp5 mlp30")
+    p.add_argument("--recipe", default=None, choices=step.RECIPE_NAMES,
+                   help="torch: the optimizer of a training recipe instead of plain SGD (default none)")
+    p.add_argument("--model", type=step.parse_size, default={}, metavar="KEY=INT,...",
+                   help="the language model's size (--models stdlib_lm), as bench_tta's --model")
     p.add_argument("--compressors", nargs="+", default=list(step.DEFAULT_COMPRESSORS), metavar="SPEC",
                    help="dense, hvd-fp16, or horovod_sparse specs (default: all %(default)s)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per round (default 10)")
@@ -127,6 +131,10 @@ def link_command(a, link):
     bench = [a.python, "-m", "horovod_sparse.bench.step", "--framework", a.framework, "--models", *a.models,
              "--compressors", *a.compressors, "--steps", str(a.steps), "--warmup", str(a.warmup),
              "--rounds", str(a.rounds), "--link", link, "--out", a.out, "--timeout", str(a.step_timeout)]
+    if a.recipe:
+        bench += ["--recipe", a.recipe]
+    if a.model:
+        bench += ["--model", ",".join(f"{k}={v}" for k, v in a.model.items())]
     if a.tf_groups:
         bench += ["--tf-groups", str(a.tf_groups)]
     if a.tf_api != "tape":

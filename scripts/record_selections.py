@@ -32,7 +32,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from horovod_sparse.bench.tta import model_size  # noqa: E402  (stdlib only at import)
+from horovod_sparse.workloads import parse_size  # noqa: E402  (stdlib only at import)
 
 
 def fused_gradient(model):
@@ -53,7 +53,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", default="stdlib_lm", help="stdlib_lm or digits_resnet")
-    p.add_argument("--size", type=model_size, default="layers=2,d_model=256,heads=4",
+    p.add_argument("--size", type=parse_size, default="layers=2,d_model=256,heads=4",
                    help="model size for stdlib_lm's build_model (default: %(default)s)")
     p.add_argument("--ranks", type=int, default=32, help="simulated ranks P")
     p.add_argument("--batch", type=int, default=None, help="examples per rank (workload's BATCH)")

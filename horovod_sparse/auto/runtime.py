@@ -61,30 +61,54 @@ log = logging.getLogger("horovod_sparse.auto")
 RESIDUAL_FIELDS = ("memory_residual", "residual")
 #: optimizers whose step per coordinate comes from that coordinate's own gradient history (Adam's
 #: family): error feedback hands them a coordinate's gradient in rare bursts, which they under-apply
-#: (docs/results/accuracy.md: top-k 0.01 ends 5.7%, PowerSGD 17% worse than dense under AdamW, warm-up included)
 ADAPTIVE_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop",
                                  "SparseAdam", "Adafactor", "LAMB", "Lamb", "FusedAdam", "FusedLAMB"})
-#: the fewest quantization levels a quantizer with error feedback needs to keep AdamW's quality
-#: (qsgd at 127 levels, 8 bits, ended level with dense after 1000 steps, docs/results/accuracy.md)
-ADAPTIVE_MIN_LEVELS = 127
+#: what sparsifiers and low rank cost under the optimizers the quality guard covers (1000 steps of
+#: the transformer, warm-up included, bits per byte against dense; docs/results/accuracy.md)
+MEASURED_COST = {"adaptive": "top-k 0.01: +5.7%, PowerSGD: +17% under AdamW",
+                 "momentum": "top-k 0.01: +1.9%, PowerSGD: +8.7% under SGD with momentum 0.9"}
+#: the fewest quantization levels a quantizer with error feedback needs to keep the recipes' quality
+#: (qsgd at 127 levels, 8 bits, ended level with dense after 1000 steps under AdamW and momentum SGD)
+GUARD_MIN_LEVELS = 127
 #: default bound of the quality guard: residual norm / gradient norm (measured in docs/results/auto.md:
 #: top-k at 0.01 stays under 19 on both workloads, PowerSGD at rank 2 on ResNet-18 passes 30)
 DEFAULT_MAX_RESIDUAL_RATIO = 30.0
 
 
-def keeps_quality_under_adaptive(spec):
-    """Whether candidate ``spec`` ends within 1% of dense under an adaptive optimizer, as measured:
-    the dense choices, and quantizers with error feedback at :data:`ADAPTIVE_MIN_LEVELS` levels
+def keeps_recipe_quality(spec):
+    """Whether candidate ``spec`` ends within 1% of dense under AdamW and momentum SGD, as measured:
+    the dense choices, and quantizers with error feedback at :data:`GUARD_MIN_LEVELS` levels
     or more (``"qsgd:levels=127,error_feedback=true"``).
 
-    >>> [keeps_quality_under_adaptive(s) for s in ("fp16", "topk:density=0.01", "qsgd:levels=127,error_feedback=true")]
+    >>> [keeps_recipe_quality(s) for s in ("fp16", "topk:density=0.01", "qsgd:levels=127,error_feedback=true")]
     [True, False, True]
     """
     if spec in DENSE_CHOICES:
         return True
     algorithm = registry.create_steady(spec)
-    return (getattr(algorithm, "levels", 0) >= ADAPTIVE_MIN_LEVELS
+    return (getattr(algorithm, "levels", 0) >= GUARD_MIN_LEVELS
             and getattr(algorithm, "error_feedback", False) is True)
+
+
+def guarded_optimizer(optimizer):
+    """``(name, kind)`` of the optimizer Horovod calls ``compress`` from: ``kind`` is ``"adaptive"``
+    (its class or a base class is one of :data:`ADAPTIVE_OPTIMIZERS`), ``"momentum"`` (a parameter
+    group with momentum, as torch's SGD keeps it) or None (plain SGD, under which top-k and
+    PowerSGD ended within 1% of dense).
+
+    >>> import torch
+    >>> p = [torch.zeros(1, requires_grad=True)]
+    >>> [guarded_optimizer(o) for o in (torch.optim.AdamW(p), torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    ...                                 torch.optim.SGD(p, lr=0.1))]
+    [('AdamW', 'adaptive'), ('SGD', 'momentum'), ('SGD', None)]
+    """
+    names = [cls.__name__ for cls in type(optimizer).__mro__]
+    adaptive = next((n for n in names if n in ADAPTIVE_OPTIMIZERS), None)
+    if adaptive:
+        return adaptive, "adaptive"
+    if any(group.get("momentum", 0) for group in getattr(optimizer, "param_groups", ())):
+        return names[0], "momentum"
+    return names[0], None
 
 
 class AutoRuntime:
@@ -143,25 +167,22 @@ class AutoRuntime:
         self._settled_steps = 0
         self.steps = 0         # steps ended (the report's step numbers)
         self.optimizer = None  # the optimizer's class name, once the frontend knows it (the guard's input)
-        # the candidates auto may choose: all, or under an adaptive optimizer those that keep its
-        # quality (:func:`keeps_quality_under_adaptive`, set by :meth:`guard_optimizer`)
+        # the candidates auto may choose: all, or under AdamW or momentum SGD those that keep their
+        # quality (:func:`keeps_recipe_quality`, set by :meth:`guard_optimizer`)
         self.allowed = self.candidates
 
     def guard_optimizer(self, optimizer):
-        """The frontend found the optimizer (its class, or any base class, by name; the same on
-        every rank): under one of :data:`ADAPTIVE_OPTIMIZERS` auto keeps to the candidates that keep
-        its quality, and says so in ``report["optimizer_guard"]``."""
-        names = [cls.__name__ for cls in type(optimizer).__mro__]
-        adaptive = next((n for n in names if n in ADAPTIVE_OPTIMIZERS), None)
-        self.optimizer = adaptive or names[0]
-        if adaptive:
-            self.allowed = tuple(c for c in self.candidates if keeps_quality_under_adaptive(c))
+        """The frontend found the optimizer (the same on every rank): under Adam's family or SGD
+        with momentum (:func:`guarded_optimizer`) auto keeps to the candidates that keep their
+        quality, and says so in ``report["optimizer_guard"]``."""
+        self.optimizer, kind = guarded_optimizer(optimizer)
+        if kind:
+            self.allowed = tuple(c for c in self.candidates if keeps_recipe_quality(c))
         if self.allowed != self.candidates:
             self.report["optimizer_guard"] = {
-                "optimizer": adaptive, "kept": list(self.allowed),
-                "why": f"under {adaptive} sparsifiers and low rank cost quality (top-k 0.01: +5.7%, "
-                       "PowerSGD: +17% bits per byte after 1000 steps, docs/results/accuracy.md); fp16 and 8-bit "
-                       "quantizers with error feedback keep it"}
+                "optimizer": self.optimizer, "kind": kind, "kept": list(self.allowed),
+                "why": f"sparsifiers and low rank cost quality ({MEASURED_COST[kind]}, bits per byte after "
+                       "1000 steps, docs/results/accuracy.md); fp16 and 8-bit quantizers with error feedback keep it"}
 
     @property
     def profiling_choice(self):

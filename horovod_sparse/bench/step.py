@@ -61,6 +61,9 @@ import time
 
 from horovod_sparse.models import MODELS, build_model  # stdlib only at import, like this module
 from horovod_sparse.workloads import NAMES as WORKLOADS  # likewise
+from horovod_sparse.workloads import parse_size
+from horovod_sparse.workloads.recipes import NAMES as RECIPE_NAMES
+from horovod_sparse.workloads.recipes import recipe_for
 
 RATE_ENV = "HSP_NETEM_RATE"            # set by scripts/netem.py
 DRIVER_ENV = "HSP_BENCH_DRIVER_COMMAND"  # set by scripts/bench_step.py, recorded as is
@@ -84,6 +87,9 @@ DEFAULT_COMPRESSORS = (
 #: What ``--models`` takes: the synthetic models (random data, MSE) and the real workloads
 #: (their own model, loss and first batch of this rank's shard).
 MODEL_CHOICES = sorted(MODELS) + list(WORKLOADS)
+
+#: plain SGD's learning rate when no ``--recipe`` is given (the step's time does not depend on it)
+PLAIN_SGD_LR = 1e-3
 
 _TC_RATE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)(i?)(bit|bps)$")
 _POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
@@ -153,7 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=_positive, default=1,
                    help="repeat the compressor list this many times, interleaved; medians over "
                         "all timed steps (default 1)")
-    p.add_argument("--lr", type=float, default=1e-3, help="plain SGD learning rate, momentum 0 (default 1e-3)")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"learning rate (default: plain SGD's {PLAIN_SGD_LR}, or the --recipe's own)")
+    p.add_argument("--recipe", default=None, choices=RECIPE_NAMES,
+                   help="PyTorch only: the optimizer of a training recipe (horovod_sparse.workloads.recipes, "
+                        "at the model's own rate, without its schedule), so that the step times the update "
+                        "users run and auto's quality guard sees their optimizer (default: plain SGD)")
+    p.add_argument("--model", type=parse_size, default={}, metavar="KEY=INT,...",
+                   help="the language model's size (stdlib_lm only), e.g. layers=4,d_model=256,heads=4, "
+                        "as bench_tta's --model (default: its own)")
     p.add_argument("--seed", type=int, default=0, help="model seed (data: seed + 1000 * (rank + 1))")
     p.add_argument("--link", type=_link, default=None,
                    help=f"the link's tc rate, for the record and the link bound (default: ${RATE_ENV} "
@@ -178,8 +192,12 @@ def check_framework_args(args, error):
         if torch_only:
             error(f"--framework tensorflow runs the models {sorted(MODELS)}, not {' '.join(torch_only)} "
                   "(PyTorch workloads)")
+        if args.recipe:
+            error("--recipe is for --framework torch")
     elif args.tf_groups or args.tf_api != "tape":
         error("--tf-groups and --tf-api are for --framework tensorflow")
+    if args.model and args.models != ["stdlib_lm"]:
+        error(f"--model sizes the language model: use it with --models stdlib_lm alone, not {' '.join(args.models)}")
 
 
 def parse_args(argv=None):
@@ -188,6 +206,8 @@ def parse_args(argv=None):
     check_framework_args(args, parser.error)
     if args.link is None:
         args.link = _link(os.environ.get(RATE_ENV, "loopback"))
+    if args.lr is None and args.recipe is None:
+        args.lr = PLAIN_SGD_LR
     return args
 
 
@@ -317,11 +337,11 @@ def bytes_sent(compression, world_size):
         return None
 
 
-def model_and_loss(name, seed, rank, size):
+def model_and_loss(name, seed, rank, size, model_size=None):
     """(model, loss) of a ``--models`` name: ``loss()`` is one forward pass on this rank's
     batch, the same batch at every step. The model is the same on every rank for the same
     seed; the batch is rank's own (random data for the MLPs, the first batch of rank's shard
-    of a real workload)."""
+    of a real workload). ``model_size``: a real workload's ``build_model`` arguments (``--model``)."""
     import torch
     if name in MODELS:
         torch.manual_seed(seed)
@@ -334,7 +354,7 @@ def model_and_loss(name, seed, rank, size):
         return model, lambda: loss_fn(model(x), y)
     from horovod_sparse import workloads
     workload = workloads.get(name)
-    model = workload.build_model(seed=seed)
+    model = workload.build_model(seed=seed, **(model_size or {}))
     batch = next(workload.batches(rank, size, seed=seed))
     return model, lambda: workload.loss(model, batch)
 
@@ -511,7 +531,7 @@ class StepBench:
             "model": model_name, "model_desc": desc, "params": n_params,
             "tensors": n_tensors, "batch": batch, "np": self.size, "link": a.link,
             "link_bps": link_bps(a.link), "warmup": a.warmup, "steps_per_round": a.steps,
-            "rounds": a.rounds, "lr": a.lr, "copy_ms": copy_ms, "dense_bytes": nbytes,
+            "rounds": a.rounds, "lr": a.lr, "recipe": a.recipe, "model_size": a.model, "copy_ms": copy_ms, "dense_bytes": nbytes,
             "link_ms": link_ms(nbytes, a.link), **self.framework_fields(), **(extras or {}),
             "host": socket.gethostname(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "horovod": horovod.__version__, "note": a.note,
@@ -593,7 +613,7 @@ class StepBench:
 
 
 class Bench(StepBench):
-    """PyTorch: ``hvd.DistributedOptimizer`` over plain SGD; a step is ``zero_grad``, forward and
+    """PyTorch: ``hvd.DistributedOptimizer`` over plain SGD (or ``--recipe``'s optimizer); a step is ``zero_grad``, forward and
     ``backward()`` (Horovod's hooks start the exchanges), then ``opt.step()`` (Horovod's
     ``synchronize()``, decompress, the SGD update), timed as those two parts."""
 
@@ -611,7 +631,7 @@ class Bench(StepBench):
         return hvds
 
     def model_size(self, model_name):
-        model, _ = model_and_loss(model_name, self.args.seed, self.rank, self.size)
+        model, _ = model_and_loss(model_name, self.args.seed, self.rank, self.size, self.args.model)
         return sum(p.numel() for p in model.parameters()), sum(1 for _ in model.parameters())
 
     def params_digest(self, model):
@@ -620,9 +640,9 @@ class Bench(StepBench):
 
     def make_step(self, model_name, compression):
         torch, hvd, args = self.torch, self.hvd, self.args
-        model, loss = model_and_loss(model_name, args.seed, self.rank, self.size)  # same model everywhere ...
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)       # ... and made sure of
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0),
+        model, loss = model_and_loss(model_name, args.seed, self.rank, self.size, args.model)  # same model everywhere ...
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)                   # ... and made sure of
+        opt = hvd.DistributedOptimizer(self.optimizer(model, model_name),
                                        named_parameters=model.named_parameters(),
                                        compression=compression)
 
@@ -635,6 +655,16 @@ class Bench(StepBench):
             opt.step()                        # synchronize(): exchanges, decompress, SGD
             return t1 - t0, time.perf_counter() - t1
         return step, lambda: [p.detach().cpu().numpy() for p in model.parameters()]
+
+    def optimizer(self, model, model_name):
+        """The optimizer Horovod wraps: plain SGD at ``--lr``, or ``--recipe``'s at the model's own
+        rate (its schedule left out: a rate's value does not change a step's time)."""
+        a = self.args
+        if a.recipe is None:
+            return self.torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.0)
+        from horovod_sparse import workloads
+        workload = workloads.get(model_name) if model_name in WORKLOADS else None
+        return recipe_for(workload, a.recipe, a.lr).optimizer(model.parameters())
 
     def copier(self, n):
         src, dst = self.torch.randn(n), self.torch.empty(n)

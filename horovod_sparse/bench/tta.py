@@ -70,6 +70,7 @@ import time
 from horovod_sparse.bench.step import (DRIVER_ENV, RATE_ENV, Bench, _link, _positive, auto_summary,
                                        is_horovod_spec, link_bps)
 from horovod_sparse.workloads import NAMES  # stdlib only at import, like this module
+from horovod_sparse.workloads import parse_size
 from horovod_sparse.workloads.recipes import NAMES as RECIPE_NAMES
 from horovod_sparse.workloads.recipes import recipe_for
 
@@ -96,14 +97,6 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def model_size(text: str) -> dict:
-    """``"layers=4,d_model=256"`` -> ``{"layers": 4, "d_model": 256}``."""
-    try:
-        return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(",") if part.strip())}
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected KEY=INT,..., got {text!r}") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m horovod_sparse.bench.tta",
@@ -121,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", default=None, choices=RECIPE_NAMES,
                    help="optimizer and schedule (default: the workload's own; see horovod_sparse.workloads.recipes)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
-    p.add_argument("--model", type=model_size, default={}, metavar="KEY=INT,...",
+    p.add_argument("--model", type=parse_size, default={}, metavar="KEY=INT,...",
                    help="model size, e.g. layers=4,d_model=256,heads=4 (the language model; default its own)")
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
     p.add_argument("--link", type=_link, default=None,

@@ -28,6 +28,20 @@ import importlib
 NAMES = ("digits_resnet", "stdlib_lm")
 
 
+def parse_size(text):
+    """A model size as the benchmarks' ``--model`` takes it: ``"layers=4,d_model=256"`` ->
+    ``{"layers": 4, "d_model": 256}`` (keyword arguments of a workload's ``build_model``).
+
+    >>> parse_size("layers=4,d_model=256")
+    {'layers': 4, 'd_model': 256}
+    """
+    import argparse   # argparse's error type, so that a bad value reads as a usage error
+    try:
+        return {k.strip(): int(v) for k, v in (part.split("=") for part in text.split(",") if part.strip())}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected KEY=INT,..., got {text!r}") from None
+
+
 def get(name):
     """The workload module called ``name`` (one of :data:`NAMES`)."""
     if name not in NAMES:

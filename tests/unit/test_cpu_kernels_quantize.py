@@ -31,14 +31,17 @@ memory_kernels = pytest.importorskip("horovod_sparse.ops.cpu.memory")
 
 LENGTHS = [0, 1, 7, 63, 65, 513, 1000, 100003]
 KINDS = ["normal", "ties", "zeros", "denormals", "nonfinite"]
+# 8-bit codes (s = 64 .. 127) take the kernels' byte-per-code path: default buckets, odd ones (a
+# bucket starting at an odd stream index), and one bucket larger than the block of the norm
 CODECS = [QSGDCodec(), QSGDCodec(levels=1, bucket_size=7), QSGDCodec(levels=2 ** 15 - 1, bucket_size=3),
           QSGDCodec(levels=40, bucket_size=1000), QSGDCodec(levels=5, bucket_size=1), TernGradCodec(),
+          QSGDCodec(levels=127), QSGDCodec(levels=64, bucket_size=3), QSGDCodec(levels=127, bucket_size=2 ** 31 - 1),
           SignCodec(), ScaledSignCodec(), OneBitCodec()]
 
 
 @pytest.fixture(autouse=True)
 def levels_kernels_on(monkeypatch):
-    """QSGD's and TernGrad's kernels are off by default (slower so far): on here, to test them."""
+    """On here whatever the codecs' default, so that the kernels are tested."""
     monkeypatch.setattr(_StochasticLevels, "fused_cpu", True)
 
 

@@ -52,8 +52,9 @@ def _rounds(row, width):
     """:func:`horovod_sparse.quantize.sums.tree_sum_rows` of one row, in place: row[0]."""
     while width > 1:
         half = width // 2
+        low, high = row[:half], row[width - half:width]   # views: indices from 0 let LLVM vectorise
         for j in range(half):
-            row[j] = row[j] + row[width - half + j]
+            low[j] = low[j] + high[j]
         width -= half
     return row[0]
 
@@ -266,17 +267,20 @@ def max_magnitude(x, scale):
 @inlined
 def _random_int16(i, k1, k2):
     """h_i of :mod:`horovod_sparse.quantize.uniform`: half i % 2 of the word i // 2, as int16
-    (uint64 arithmetic masked to 32 bits: the wrapping uint32 of numpy's path)."""
+    (uint64 arithmetic masked to 32 bits: the wrapping uint32 of numpy's path). Without a
+    branch, so that a loop over i vectorises: i's parity picks the half by a shift, and the
+    sign comes from bit 15 by a subtraction."""
     mask, sixteen = np.uint64(_MASK32), np.uint64(16)
-    x = (np.uint64(i // 2) + k1) & mask
+    j = np.uint64(i)
+    x = ((j >> np.uint64(1)) + k1) & mask
     x ^= x >> sixteen
     x = (x * np.uint64(_M1)) & mask
     x ^= k2
     x ^= x >> sixteen
     x = (x * np.uint64(_M2)) & mask
     x ^= x >> sixteen
-    half = np.int64((x >> sixteen) if i & 1 else (x & np.uint64(0xFFFF)))
-    return half - 65536 if half >= 32768 else half
+    half = (x >> ((j & np.uint64(1)) * sixteen)) & np.uint64(0xFFFF)
+    return np.int64(half) - np.int64((half >> np.uint64(15)) << sixteen)
 
 
 @inlined
@@ -287,11 +291,43 @@ def _bucket_norm(x, start, stop, block, row):
     total = np.float32(0)
     for p0 in range(start, stop, block):
         width = min(block, stop - p0)
+        xs, squares = x[p0:p0 + width], row[:width]
         for j in range(width):
-            row[j] = x[p0 + j] * x[p0 + j]
+            squares[j] = xs[j] * xs[j]
         part = _rounds(row, width)
         total = part if p0 == start else total + part
     return np.sqrt(total)
+
+
+@inlined
+def _levels(xs, codes, inv, levels, first, k1, k2):
+    """codes[t] = trunc(xs[t] * inv + (h + 65536 s + 32768.5) * 2**-16), h the random int16 of
+    value first + t, clipped to [0, 2s] for s > 31 (step 2 of QSGDCodec._encode). Every index
+    starts at 0 and nothing branches per value: LLVM vectorises it (about 12x faster than a
+    loop indexed from the bucket's start)."""
+    offset = np.float32(65536.0 * levels + 32768.5)
+    scale16 = np.float32(2.0 ** -16)
+    if levels > 31:
+        zero, high = np.float32(0), np.float32(2 * levels)
+        for t in range(xs.shape[0]):
+            noise = (np.float32(_random_int16(first + t, k1, k2)) + offset) * scale16
+            codes[t] = min(max(xs[t] * inv + noise, zero), high)
+    else:
+        for t in range(xs.shape[0]):
+            noise = (np.float32(_random_int16(first + t, k1, k2)) + offset) * scale16
+            codes[t] = xs[t] * inv + noise
+
+
+@inlined
+def _decoded_and_residual(xs, codes, step, s, decoded, residual):
+    """decoded = (code - s) * step and residual = x - that, where they are wanted (the caller's
+    empty arrays slice to empty views)."""
+    if decoded.shape[0] > 0:
+        for t in range(codes.shape[0]):
+            decoded[t] = (np.float32(codes[t]) - s) * step
+    if residual.shape[0] > 0:
+        for t in range(codes.shape[0]):
+            residual[t] = xs[t] - (np.float32(codes[t]) - s) * step
 
 
 @inlined
@@ -337,16 +373,27 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
 
     Replaces QSGDCodec._scales (squares, tree_sum_rows, _sqrt), _inverse, random_int16, _noise,
     _per_bucket, _plus, _broken_rows, _clipped, _codes, pack_into, _values and the pipeline's
-    commit subtract: one read of x, chunk by chunk in L1. ``k1``, ``k2``: the stream keys as
-    uint64 of their 32 bits; ``start``: x[0]'s index in the stream (even); ``block``: see
-    :func:`_bucket_norm`; ``row``: float32 scratch of min(bucket, block, n); ``codes``: int64
-    scratch of _CHUNK."""
+    commit subtract: one read of x, in L1. 8-bit codes (s = 127, QSGD's 8-bit setting) are their
+    own bytes: written into ``out`` bucket by bucket, no packing; other widths are computed a
+    chunk at a time into ``codes`` and packed. ``k1``, ``k2``: the stream keys as uint64 of their
+    32 bits; ``start``: x[0]'s index in the stream (even); ``block``: see :func:`_bucket_norm`;
+    ``row``: float32 scratch of min(bucket, block, n); ``codes``: int64 scratch of _CHUNK."""
     n = x.shape[0]
     s = np.float32(levels)
-    offset = np.float32(65536.0 * levels + 32768.5)
-    scale16 = np.float32(2.0 ** -16)
-    high_clip = np.float32(2 * levels)
-    want_decoded, want_residual = decoded.shape[0] > 0, residual.shape[0] > 0
+    if bits == 8:
+        for b in range((n + bucket - 1) // bucket):
+            lo, hi = b * bucket, min(n, (b + 1) * bucket)
+            if norms_here:
+                scales[b] = _bucket_norm(x, lo, hi, block, row)
+            scale = scales[b]
+            inv, step = s / scale, scale / s
+            cs = out[lo:hi]
+            if np.isfinite(inv) and np.isfinite(scale):
+                _levels(x[lo:hi], cs, inv, levels, start + lo, k1, k2)
+            else:
+                cs[:] = levels
+            _decoded_and_residual(x[lo:hi], cs, step, s, decoded[lo:hi], residual[lo:hi])
+        return
     total_bytes = (n * bits + 7) // 8
     for c0 in range(0, n, _CHUNK):
         c1 = min(c0 + _CHUNK, n)
@@ -357,27 +404,13 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
             if norms_here and i == b * bucket:
                 scales[b] = _bucket_norm(x, i, min(n, (b + 1) * bucket), block, row)
             scale = scales[b]
-            inv = s / scale
-            step = scale / s
-            xs, cs, width = x[i:stop], codes[i - c0:stop - c0], stop - i
-            if not (np.isfinite(inv) and np.isfinite(scale)):
-                cs[:] = levels
-            elif levels > 31:
-                for t in range(width):
-                    noise = (np.float32(_random_int16(start + i + t, k1, k2)) + offset) * scale16
-                    cs[t] = np.int64(min(max(xs[t] * inv + noise, np.float32(0)), high_clip))
+            inv, step = s / scale, scale / s
+            cs = codes[i - c0:stop - c0]
+            if np.isfinite(inv) and np.isfinite(scale):
+                _levels(x[i:stop], cs, inv, levels, start + i, k1, k2)
             else:
-                for t in range(width):
-                    noise = (np.float32(_random_int16(start + i + t, k1, k2)) + offset) * scale16
-                    cs[t] = np.int64(xs[t] * inv + noise)
-            if want_decoded:
-                ds = decoded[i:stop]
-                for t in range(width):
-                    ds[t] = (np.float32(cs[t]) - s) * step
-            if want_residual:
-                rs = residual[i:stop]
-                for t in range(width):
-                    rs[t] = xs[t] - (np.float32(cs[t]) - s) * step
+                cs[:] = levels
+            _decoded_and_residual(x[i:stop], cs, step, s, decoded[i:stop], residual[i:stop])
             i = stop
         for k in range(c1 - c0, ((c1 - c0 + 7) // 8) * 8):
             codes[k] = 0
@@ -391,6 +424,14 @@ def levels_decode(data, count, scales, bucket, levels, bits, out):
     """out = (code - s) * (S / s) for the ``count`` codes packed in ``data`` (after the header),
     bucket by bucket. Replaces unpack_into + _values (or the lookup table of TernGrad)."""
     s = np.float32(levels)
+    if bits == 8:                          # a code per byte: bucket by bucket, vectorised
+        for b in range((count + bucket - 1) // bucket):
+            lo, hi = b * bucket, min(count, (b + 1) * bucket)
+            step = scales[b] / s
+            codes, values = data[lo:hi], out[lo:hi]
+            for t in range(hi - lo):
+                values[t] = (np.float32(codes[t]) - s) * step
+        return
     mask = np.uint64((1 << bits) - 1)
     step = np.float32(0)
     for g in range((count + 7) // 8):
