@@ -258,7 +258,10 @@ class TimeToAccuracy(Bench):
         close = getattr(compression, "close", None)
         if callable(close):
             cleanup.append(close)
-        opt = self.recipe.optimizer(model.parameters())
+        recipe = self.recipe.for_compressor(spec)
+        if self.rank == 0:
+            self.current["optimizer_momentum"] = recipe.momentum
+        opt = recipe.optimizer(model.parameters())
         return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                                compression=compression)
 

@@ -24,6 +24,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 NAMES = ("sgd", "momentum", "adamw")
+#: compressors that apply the optimizer's momentum themselves: trained with momentum 0
+OWN_MOMENTUM = ("dgc", "signum")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,12 @@ class Recipe:
         """A ``LambdaLR`` following :meth:`lr_factor` (step it once per optimizer step)."""
         import torch
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self.lr_factor(step, total_steps))
+
+    def for_compressor(self, spec):
+        """This recipe as it runs under compressor ``spec``: momentum 0 where the compressor
+        applies the momentum itself (DGC's momentum correction, Signum), as their papers train."""
+        name = spec.split(":", 1)[0]
+        return replace(self, momentum=0.0) if name in OWN_MOMENTUM and self.momentum else self
 
     def with_lr(self, lr):
         """The same recipe at another learning rate (None: this one)."""

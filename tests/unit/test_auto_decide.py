@@ -121,3 +121,21 @@ def test_without_overlap_nothing_hides_and_every_allreduce_waits_for_backward():
     assert predict(dense, PROFILE, c) < predict(dense, cpu, c)
     plans = make_plans(cpu, c, [FP16, TOPK], dense_below=1024)
     assert not [name for name in plans if "hidden" in name]
+
+
+def test_the_quality_guard_covers_adam_and_momentum_and_keeps_the_8_bit_quantizer():
+    import torch
+    from horovod_sparse.auto.runtime import guarded_optimizer, keeps_recipe_quality
+    p = [torch.zeros(1, requires_grad=True)]
+
+    class MyAdam(torch.optim.AdamW):   # found by a base class's name
+        pass
+
+    assert guarded_optimizer(MyAdam(p)) == ("AdamW", "adaptive")
+    assert guarded_optimizer(torch.optim.SGD(p, lr=0.1, momentum=0.9)) == ("SGD", "momentum")
+    assert guarded_optimizer(torch.optim.SGD(p, lr=0.1)) == ("SGD", None)
+    mixed = torch.optim.SGD([{"params": p}, {"params": [torch.zeros(1, requires_grad=True)], "momentum": 0.5}], lr=0.1)
+    assert guarded_optimizer(mixed) == ("SGD", "momentum")   # any group with momentum
+    assert [keeps_recipe_quality(s) for s in ("none", "fp16", "qsgd:levels=127,error_feedback=true", "qsgd:levels=127",
+                                              "qsgd:levels=16,error_feedback=true", "topk:density=0.01", "powersgd")] \
+        == [True, True, True, False, False, False, False]

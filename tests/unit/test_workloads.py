@@ -182,3 +182,16 @@ def test_loading_never_touches_the_network(monkeypatch):
 def test_unknown_workload_names_the_known_ones():
     with pytest.raises(ValueError, match="digits_resnet, stdlib_lm"):
         workloads.get("imagenet")
+
+
+def test_size_parser_and_the_recipe_under_a_compressor_with_its_own_momentum():
+    assert workloads.parse_size("layers=4, d_model=256") == {"layers": 4, "d_model": 256}
+    with pytest.raises(Exception, match="KEY=INT"):
+        workloads.parse_size("layers=four")
+    from horovod_sparse.workloads.recipes import RECIPES
+    momentum = RECIPES["momentum"]
+    # DGC's momentum correction and Signum apply the momentum: their optimizer runs without it
+    assert momentum.for_compressor("dgc:density=0.01").momentum == 0.0
+    assert momentum.for_compressor("signum").momentum == 0.0
+    assert momentum.for_compressor("topk:density=0.01") is momentum
+    assert RECIPES["adamw"].for_compressor("dgc") is RECIPES["adamw"]
