@@ -70,3 +70,12 @@ def test_the_block_names_its_target_and_commands(tmp_path):
     text = study.markdown(STUDY, STEPS, [], tolerance=0.01)
     assert "Target: 1.01" in text and "- `bench_step 1gbit`" in text and "- `bench_tta hvd-none 0 loopback`" in text
     assert study.markdown([r for r in STUDY if r["compressor"] != "hvd-none"], STEPS, [], 0.01).startswith("No Horovod")
+
+
+def test_the_loss_replaces_a_saturated_metric():
+    run = dict(tta("hvd-none", [3.0, 2.0]), metric="accuracy", higher_is_better=True)
+    for point, loss in zip(run["curve"], (0.5, 0.1)):
+        point["loss"] = loss
+    (moved,) = study.on_loss([run])
+    assert moved["metric"] == "validation loss" and moved["higher_is_better"] is False
+    assert [p["metric"] for p in moved["curve"]] == [0.5, 0.1] and run["curve"][0]["metric"] == 3.0
