@@ -238,12 +238,14 @@ def one_bit_decode(data, count, values, out):
     """out[i] = values[bit i of data] for the first ``count`` bits (LSB first).
     Replaces :func:`horovod_sparse.quantize.lookup.decode_small_codes` for 1 bit."""
     v0, v1 = values[0], values[1]
-    for g0 in range(0, count, 8):
-        lanes = min(8, count - g0)
-        byte = np.int64(data[g0 // 8])
-        os = out[g0:g0 + lanes]
+    for w0 in range(0, count, 64):                 # 64 values a word: the select loop vectorises
+        lanes = min(64, count - w0)
+        word = np.uint64(0)
+        for q in range((lanes + 7) // 8):
+            word |= np.uint64(data[w0 // 8 + q]) << np.uint64(8 * q)
+        os = out[w0:w0 + lanes]
         for b in range(lanes):
-            os[b] = v1 if (byte >> b) & 1 else v0
+            os[b] = v1 if (word >> np.uint64(b)) & np.uint64(1) else v0
 
 
 @jit
