@@ -62,16 +62,14 @@ def label(spec):
 
 
 def higher_of(recs):
-    return next((r["higher_is_better"] for r in recs if "higher_is_better" in r), False)
+    """Whether a higher metric is better (:func:`bench_tta.metric_of`)."""
+    return bench_tta.metric_of(recs)[1]
 
 
 def target_of(recs, tolerance):
-    """Horovod dense's final metric at seed 0 made worse by ``tolerance``, or None."""
-    dense = next((r for r in recs if r["compressor"] == DENSE and r.get("seed", 0) == 0 and not r.get("error")), None)
-    final = dense and bench_tta.final_metric(dense)
-    if final is None:
-        return None
-    return final * (1 - tolerance if dense["higher_is_better"] else 1 + tolerance)
+    """bench_tta's target (Horovod dense's final metric made worse by ``tolerance``) from the
+    seed-0 runs, or None."""
+    return bench_tta.target_of([r for r in recs if r.get("seed", 0) == 0], None, {}, tolerance)[0]
 
 
 def by_run(recs):

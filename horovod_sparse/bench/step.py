@@ -531,7 +531,8 @@ class StepBench:
             "model": model_name, "model_desc": desc, "params": n_params,
             "tensors": n_tensors, "batch": batch, "np": self.size, "link": a.link,
             "link_bps": link_bps(a.link), "warmup": a.warmup, "steps_per_round": a.steps,
-            "rounds": a.rounds, "lr": a.lr, "recipe": a.recipe, "model_size": a.model, "copy_ms": copy_ms, "dense_bytes": nbytes,
+            "rounds": a.rounds, "lr": a.lr, "recipe": a.recipe, "model_size": a.model, "copy_ms": copy_ms,
+            "dense_bytes": nbytes,
             "link_ms": link_ms(nbytes, a.link), **self.framework_fields(), **(extras or {}),
             "host": socket.gethostname(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "horovod": horovod.__version__, "note": a.note,
@@ -613,9 +614,9 @@ class StepBench:
 
 
 class Bench(StepBench):
-    """PyTorch: ``hvd.DistributedOptimizer`` over plain SGD (or ``--recipe``'s optimizer); a step is ``zero_grad``, forward and
-    ``backward()`` (Horovod's hooks start the exchanges), then ``opt.step()`` (Horovod's
-    ``synchronize()``, decompress, the SGD update), timed as those two parts."""
+    """PyTorch: ``hvd.DistributedOptimizer`` over plain SGD (or ``--recipe``'s optimizer); a step
+    is ``zero_grad``, forward and ``backward()`` (Horovod's hooks start the exchanges), then
+    ``opt.step()`` (Horovod's ``synchronize()``, decompress, the update), timed as those two parts."""
 
     framework = "torch"
 
@@ -640,8 +641,8 @@ class Bench(StepBench):
 
     def make_step(self, model_name, compression):
         torch, hvd, args = self.torch, self.hvd, self.args
-        model, loss = model_and_loss(model_name, args.seed, self.rank, self.size, args.model)  # same model everywhere ...
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)                   # ... and made sure of
+        model, loss = model_and_loss(model_name, args.seed, self.rank, self.size, args.model)  # same everywhere ...
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)                              # ... made sure of
         opt = hvd.DistributedOptimizer(self.optimizer(model, model_name),
                                        named_parameters=model.named_parameters(),
                                        compression=compression)

@@ -259,8 +259,7 @@ class TimeToAccuracy(Bench):
         if callable(close):
             cleanup.append(close)
         recipe = self.recipe.for_compressor(spec)
-        if self.rank == 0:
-            self.current["optimizer_momentum"] = recipe.momentum
+        self.current["optimizer_momentum"] = recipe.momentum
         opt = recipe.optimizer(model.parameters())
         return model, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                                compression=compression)

@@ -314,3 +314,20 @@ def test_a_planned_schedule_is_warm_up_until_it_has_kept_a_plan():
     assert step.schedule_settled(hvds_tf.Compression.topk(density=0.01, schedule="wfbp"))  # Horovod's calls
     assert not step.schedule_settled(hvds_torch.Compression.topk(density=0.01, schedule="wfbp"))  # planned
     assert step.schedule_settled(hvds_torch.Compression.fp16)   # no schedule at all
+
+
+def test_recipe_and_model_size_reach_the_ranks_and_are_checked():
+    a = bench_step.parse_args(["--links", "1gbit", "--models", "stdlib_lm", "--recipe", "adamw",
+                               "--model", "layers=4,d_model=256", "--compressors", "dense"])
+    bench = bench_step.link_command(a, "1gbit")
+    b = step.parse_args(bench[bench.index("--") + 4:])
+    assert (b.recipe, b.model, b.lr) == ("adamw", {"layers": 4, "d_model": 256}, None)  # the recipe's own rate
+    assert step.parse_args([]).lr == step.PLAIN_SGD_LR and step.parse_args([]).recipe is None
+    for bad in (["--model", "layers=4"],                                   # mlp5 and mlp30 have no size
+                ["--models", "stdlib_lm", "digits_resnet", "--model", "layers=4"],
+                ["--framework", "tensorflow", "--recipe", "adamw"],
+                ["--recipe", "lion"]):
+        with pytest.raises(SystemExit):
+            bench_step.parse_args(bad)
+        with pytest.raises(SystemExit):
+            step.parse_args(bad)

@@ -13,7 +13,7 @@ def tta(compressor, finals, seed=0, link="loopback", seconds_per_step=0.1):
              for i, m in enumerate(finals)]
     return {"bench": "tta", "workload": "stdlib_lm", "metric": "bits_per_byte", "higher_is_better": False,
             "compressor": compressor, "seed": seed, "link": link, "np": 2, "params": 10, "tensors": 2,
-            "batch": 4, "steps": 100 * len(finals), "recipe": {"name": "adamw", "lr": 1e-3}, "curve": curve,
+            "batch": 4, "steps": 100 * len(finals), "seconds": curve[-1]["seconds"], "recipe": {"name": "adamw", "lr": 1e-3}, "curve": curve,
             "driver_command": f"bench_tta {compressor} {seed} {link}"}
 
 
