@@ -306,8 +306,8 @@ def _levels(xs, codes, inv, levels, first, k1, k2, words):
     value first + t, clipped to [0, 2s] for s > 31 (step 2 of QSGDCodec._encode). A block at a
     time: the block's hash words into ``words`` (uint32 scratch; one hash per two values),
     then the codes reading them as int16. Every index starts at 0 and nothing branches per
-    value, so LLVM vectorises both loops (12x faster than one loop indexed from the bucket's
-    start and hashing each value)."""
+    value, so LLVM vectorises both loops (one loop indexed from the bucket's start, hashing each
+    value, did not)."""
     offset = np.float32(65536.0 * levels + 32768.5)
     scale16 = np.float32(2.0 ** -16)
     zero, high = np.float32(0), np.float32(2 * levels)
