@@ -191,12 +191,16 @@ def markdown(study, step_recs, direct, tolerance):
         return "No Horovod dense run at seed 0 in the records: no target."
     seeds, spread = seeds_table(study, tolerance)
     ref = next(r for r in study if r["compressor"] == DENSE)
+    timed = sorted({r.get("model") for r in step_recs} - {None, ref["workload"]})
+    other = (f" (it timed {', '.join(timed)}: the same model, input shape and batch on other data)"
+             if timed else "")
     out = [f"{ref['workload']} ({ref['params']:,} parameters in {ref['tensors']} tensors), "
            f"{bench_tta.recipe_text(ref)}, batch {ref['batch']} per rank, P = {ref['np']}, {ref['steps']} steps. "
            f"Target: {target:.4g}, Horovod dense's final {ref['metric']} at seed 0 within {tolerance:.0%}.", "",
            f"Final {ref['metric']} per seed (loopback):", "", seeds, "", spread, "",
            "Time to target per link, derived (steps to target at seed 0 x the link's median step, "
-           "from `bench_step` with the same model and optimizer):", "", derived_table(study, step_recs, target), ""]
+           f"from `bench_step` with the same model and optimizer{other}):", "",
+           derived_table(study, step_recs, target), ""]
     if direct:
         out += ["Direct runs on an emulated link, against the derivation:", "",
                 direct_table(direct, study, step_recs, tolerance), ""]

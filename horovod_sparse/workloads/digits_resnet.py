@@ -51,7 +51,11 @@ def build_model(seed=0):
 
 def batches(rank, size, batch=BATCH, seed=0):
     """``(images, labels)`` of rank ``rank`` for each global step, without end (see :mod:`.sharding`)."""
-    data = load()
+    return batches_of(load(), rank, size, batch, seed)
+
+
+def batches_of(data, rank, size, batch, seed):
+    """:func:`batches` over the training images of ``data`` (a :class:`~.digits_data.Digits`)."""
     for index in shard_indices(len(data.train_y), rank, size, batch, seed):
         index = torch.from_numpy(index)
         yield data.train_x[index], data.train_y[index]
@@ -65,7 +69,11 @@ def loss(model, batch):
 
 def evaluate(model):
     """``{"loss", "accuracy"}`` on the 360 test images, in eval mode (running BatchNorm statistics)."""
-    data = load()
+    return evaluate_on(model, load())
+
+
+def evaluate_on(model, data):
+    """:func:`evaluate` on the test images of ``data`` (a :class:`~.digits_data.Digits`)."""
     was_training = model.training
     model.eval()
     try:

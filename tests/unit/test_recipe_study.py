@@ -70,6 +70,10 @@ def test_the_block_names_its_target_and_commands(tmp_path):
     text = study.markdown(STUDY, STEPS, [], tolerance=0.01)
     assert "Target: 1.01" in text and "- `bench_step 1gbit`" in text and "- `bench_tta hvd-none 0 loopback`" in text
     assert study.markdown([r for r in STUDY if r["compressor"] != "hvd-none"], STEPS, [], 0.01).startswith("No Horovod")
+    assert "it timed" not in text  # the step records carry no other model
+    timed_elsewhere = [dict(r, model="digits_resnet") for r in STEPS]
+    assert ("(it timed digits_resnet: the same model, input shape and batch on other data)"
+            in study.markdown(STUDY, timed_elsewhere, [], tolerance=0.01))
 
 
 def test_the_loss_replaces_a_saturated_metric():

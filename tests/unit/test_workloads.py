@@ -70,6 +70,36 @@ def test_digits_split_is_fixed_disjoint_and_complete():
     assert sorted(set(data.test_y.tolist())) == list(range(10))
 
 
+def test_cluttered_digits_come_from_their_split_and_do_not_change():
+    data = digits_data.load_cluttered()
+    assert data.train_x.shape == (12000, 3, 32, 32) and data.test_x.shape == (2000, 3, 32, 32)
+    assert abs(data.train_x.mean().item()) < 1e-4 and abs(data.train_x.std().item() - 1) < 1e-3
+    counts = torch.bincount(data.train_y, minlength=10)
+    assert counts.min() > 0.08 * 12000 and counts.max() < 0.12 * 12000  # every class, near uniform
+    digest = hashlib.sha256(data.test_x.numpy().tobytes() + data.test_y.numpy().tobytes()).hexdigest()
+    digits_data.load_cluttered.cache_clear()
+    again = digits_data.load_cluttered()
+    assert hashlib.sha256(again.test_x.numpy().tobytes() + again.test_y.numpy().tobytes()).hexdigest() == digest
+
+
+def test_clutter_places_the_labelled_digit_among_fragments(monkeypatch):
+    side = digits_data.DIGIT_SIDE
+    digits = np.stack([np.full((side, side), (k + 1) / 10, np.float32) for k in range(10)])  # digit k: (k+1)/10
+    labels = np.arange(10) * 3 % 10  # labels need not follow the order
+    monkeypatch.setattr(digits_data, "NOISE", 0.0)
+    monkeypatch.setattr(digits_data, "FRAGMENTS", 0)
+    images, chosen = digits_data.clutter(digits, labels, 50, seed=5)
+    for image, label in zip(images, chosen):
+        value = (np.flatnonzero(labels == label)[0] + 1) / 10  # the digit carrying that label
+        placed = np.argwhere(image > 0)
+        assert placed.shape[0] == side * side and np.all(image[image > 0] == np.float32(value))
+        assert np.all(placed.max(0) - placed.min(0) == side - 1)  # one square, wherever it lies
+    monkeypatch.setattr(digits_data, "FRAGMENTS", 6)
+    cluttered, again = digits_data.clutter(digits, labels, 50, seed=5), digits_data.clutter(digits, labels, 50, seed=5)
+    assert np.array_equal(cluttered[0], again[0]) and np.array_equal(cluttered[1], again[1])  # the same seed, the same set
+    assert (np.count_nonzero(cluttered[0], axis=(1, 2)) > side * side).mean() > 0.9  # fragments beside the digit
+
+
 def test_stdlib_split_is_by_file_fixed_and_capped():
     root = stdlib_text.stdlib_root()
     files = stdlib_text.source_files(root)
@@ -121,6 +151,7 @@ def parameters_digest(model):
 
 
 @pytest.mark.parametrize("name,parameters,tensors", [("digits_resnet", 11_181_642, 62),
+                                                     ("cluttered_resnet", 11_181_642, 62),
                                                      ("stdlib_lm", 19_210_496, 78)])
 def test_models_have_their_documented_size(name, parameters, tensors):
     model = workloads.get(name).build_model()
@@ -171,16 +202,18 @@ def test_loading_never_touches_the_network(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
     digits_data.load.cache_clear()
+    digits_data.load_cluttered.cache_clear()
     stdlib_text.load.cache_clear()
     for name in workloads.NAMES:
         workload = workloads.get(name)
         model = workload.build_model()
         workload.loss(model, next(workload.batches(0, 1, 2))).backward()
     assert digits_data.load.cache_info().currsize == stdlib_text.load.cache_info().currsize == 1
+    assert digits_data.load_cluttered.cache_info().currsize == 1
 
 
 def test_unknown_workload_names_the_known_ones():
-    with pytest.raises(ValueError, match="digits_resnet, stdlib_lm"):
+    with pytest.raises(ValueError, match="digits_resnet, stdlib_lm, cluttered_resnet"):
         workloads.get("imagenet")
 
 
