@@ -154,7 +154,8 @@ def derived_table(recs, step_recs, target):
 
 
 def direct_table(direct, study, step_recs, tolerance):
-    """Per direct run: its link, measured steps and seconds to target (its own dense's target),
+    """Per direct run: its link, measured steps and seconds to target (its own dense's target, or
+    the study's where no dense run went on that link),
     the derived seconds (its steps x bench_step's step on that link) and their ratio, and whether
     its curve equals the loopback run's of the same compressor and seed, value for value."""
     times, higher = step_ms(step_recs), higher_of(direct)
@@ -163,7 +164,7 @@ def direct_table(direct, study, step_recs, tolerance):
              "|---|---|---:|---:|---:|---:|---|"]
     for link in sorted({r["link"] for r in direct}, key=link_key):
         here = [r for r in direct if r["link"] == link]
-        target = target_of(here, tolerance)
+        target = target_of(here, tolerance) or target_of(study, tolerance)
         for r in here:
             hit = bench_tta.first_reach(r, target, higher) if target is not None else None
             ms = times.get((link, STEP_NAME.get(r["compressor"], r["compressor"])))

@@ -58,6 +58,8 @@ class TFAutoCompressor(HorovodCompressor):
     ``profile_steps``, ``trial_steps``, ``max_trials``, ``prune``, ``drift``, ``check_every``,
     ``warmup_steps``, ``nonfinite``: ``"propagate"`` or ``"raise"``, what a step whose gradient overflowed on some
     rank gives: NaN results, or the error, with no state of auto's changed either way).
+    ``guard_momentum`` is accepted and changes nothing here: TensorFlow's auto does not see the
+    optimizer, so it has no optimizer guard (pass ``candidates`` under Adam or momentum).
 
     Gradients are keyed as in :class:`~horovod_sparse.tensorflow.TFCompressor` (the variable's
     name under Horovod's gradient allreduce). Create it outside the traced step; every rank

@@ -139,3 +139,33 @@ def test_the_quality_guard_covers_adam_and_momentum_and_keeps_the_8_bit_quantize
     assert [keeps_recipe_quality(s) for s in ("none", "fp16", "qsgd:levels=127,error_feedback=true", "qsgd:levels=127",
                                               "qsgd:levels=16,error_feedback=true", "topk:density=0.01", "powersgd")] \
         == [True, True, True, False, False, False, False]
+
+
+def test_guard_momentum_false_keeps_every_candidate_under_momentum_sgd_only():
+    """``guard_momentum=False``: under SGD with momentum auto keeps every candidate and says so;
+    under Adam's family the guard still holds; anything but a bool fails at construction."""
+    import torch
+    from horovod_sparse.auto.runtime import AutoRuntime
+    p = [torch.zeros(1, requires_grad=True)]
+    candidates = ("fp16", "topk:density=0.01", "powersgd:rank=2", "qsgd:levels=127,error_feedback=true")
+    momentum, adamw = torch.optim.SGD(p, lr=0.1, momentum=0.9), torch.optim.AdamW(p)
+
+    unguarded = AutoRuntime(candidates=candidates, guard_momentum=False)
+    unguarded.guard_optimizer(momentum)
+    assert list(unguarded.allowed) == list(candidates)
+    assert unguarded.report["optimizer_guard"]["kind"] == "momentum"
+    assert unguarded.report["optimizer_guard"]["kept"] == list(candidates)
+    assert "guard_momentum=False" in unguarded.report["optimizer_guard"]["why"]
+
+    guarded = AutoRuntime(candidates=candidates)
+    guarded.guard_optimizer(momentum)
+    assert list(guarded.allowed) == ["fp16", "qsgd:levels=127,error_feedback=true"]
+
+    still = AutoRuntime(candidates=candidates, guard_momentum=False)
+    still.guard_optimizer(adamw)
+    assert list(still.allowed) == ["fp16", "qsgd:levels=127,error_feedback=true"]
+    assert still.report["optimizer_guard"]["kind"] == "adaptive"
+    assert "guard_momentum=True" in guarded.settings() and "guard_momentum=False" in still.settings()
+
+    with pytest.raises(ValueError, match="guard_momentum must be True or False"):
+        AutoRuntime(guard_momentum="false")

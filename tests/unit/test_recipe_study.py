@@ -66,6 +66,13 @@ def test_direct_runs_are_set_beside_the_derivation_and_their_curves_compared():
     assert row(table, "`qsgd:levels=127,error_feedback=true`").endswith("| 1gbit | 300 | 30.0 | 36.0 | 1.20 | no |")
 
 
+def test_direct_runs_without_a_dense_run_on_their_link_use_the_studys_target():
+    direct = [tta("topk:density=0.01", [3.0, 1.005, 1.0], link="10gbit", seconds_per_step=0.1)]
+    # the study's target is 1.01 (dense's 1.00 within 1%): reached at step 200, after 20 s
+    assert row(study.direct_table(direct, STUDY, STEPS, tolerance=0.01), "`topk:density=0.01`").startswith(
+        "| `topk:density=0.01` | 10gbit | 200 | 20.0 |")
+
+
 def test_the_block_names_its_target_and_commands(tmp_path):
     text = study.markdown(STUDY, STEPS, [], tolerance=0.01)
     assert "Target: 1.01" in text and "- `bench_step 1gbit`" in text and "- `bench_tta hvd-none 0 loopback`" in text

@@ -124,6 +124,21 @@ def sgd_with_momentum(params, lr):
     return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
+def train_with_auto(optimizer, **auto_args):
+    """12 steps of the five-layer model under ``optimizer`` with a quick ``auto``: the model, the
+    compressor and every choice its plan made."""
+    model = five_layers()
+    compression = hvds.Compression.auto(dense_below=0, profile_steps=2, trial_steps=1, warmup_steps=1, **auto_args)
+    opt = hvd.DistributedOptimizer(optimizer(model.parameters(), lr=1e-3),
+                                   named_parameters=model.named_parameters(), compression=compression)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    choices = set()
+    for step in range(12):
+        train_step(model, opt, step)
+        choices |= set(compression.plan.values())
+    return model, compression, choices
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("optimizer, name, kind, candidates", [
     (torch.optim.AdamW, "AdamW", "adaptive", None),                  # the default candidates
@@ -135,19 +150,24 @@ def test_auto_under_adam_or_momentum_keeps_to_the_candidates_that_keep_quality(o
     """Under Adam's family or SGD with momentum auto's quality guard keeps fp16, none and the
     8-bit quantizer with error feedback: top-k and PowerSGD cost them 2-17% (docs/results/accuracy.md).
     Under plain SGD it keeps every candidate (test_auto_warms_up_on_fp16_then_profiles)."""
-    model = five_layers()
     chosen = {} if candidates is None else {"candidates": candidates}
-    compression = hvds.Compression.auto(dense_below=0, profile_steps=2, trial_steps=1, warmup_steps=1, **chosen)
-    opt = hvd.DistributedOptimizer(optimizer(model.parameters(), lr=1e-3),
-                                   named_parameters=model.named_parameters(), compression=compression)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    choices = set()
-    for step in range(12):
-        train_step(model, opt, step)
-        choices |= set(compression.plan.values())
+    model, compression, choices = train_with_auto(optimizer, **chosen)
     report = compression.auto_report
     assert report["phase"] == "settled" and QUANTIZER in choices and choices <= {"none", "fp16", QUANTIZER}
     assert report["optimizer_guard"]["optimizer"] == name and report["optimizer_guard"]["kind"] == kind
     assert report["optimizer_guard"]["kept"] == ["fp16", QUANTIZER]
+    assert_identical_across_ranks(flat(model))
+    compression.close()
+
+
+@pytest.mark.timeout(240)
+def test_auto_with_guard_momentum_false_keeps_top_k_under_momentum(assert_identical_across_ranks):
+    """``guard_momentum=False`` (a CNN under momentum SGD, where top-k lost nothing): auto keeps
+    every candidate, profiles on top-k and says why in its report; replicas stay identical."""
+    model, compression, choices = train_with_auto(sgd_with_momentum, guard_momentum=False,
+                                                  candidates=("fp16", "topk:density=0.01", QUANTIZER))
+    guard = compression.auto_report["optimizer_guard"]
+    assert "topk:density=0.01" in choices
+    assert guard["kind"] == "momentum" and guard["kept"] == ["fp16", "topk:density=0.01", QUANTIZER]
     assert_identical_across_ranks(flat(model))
     compression.close()
