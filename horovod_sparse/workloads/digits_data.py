@@ -59,8 +59,11 @@ def _digits(side):
 
 
 def _normalised(train, test, train_y, test_y):
-    """:class:`Digits` of 1-channel images: normalised by the training statistics, on 3 channels."""
-    mean, std = train.mean(), train.std()
+    """:class:`Digits` of 1-channel images: normalised by the training statistics, on 3 channels.
+    The statistics are numpy's float64 sums, which do not depend on torch's thread count (a
+    float32 sum of the noisy cluttered set does)."""
+    values = train.numpy().astype(np.float64)
+    mean, std = torch.tensor(values.mean(), dtype=torch.float32), torch.tensor(values.std(ddof=1), dtype=torch.float32)
     return Digits(((train - mean) / std).expand(-1, 3, -1, -1).contiguous(), train_y,
                   ((test - mean) / std).expand(-1, 3, -1, -1).contiguous(), test_y)
 

@@ -82,6 +82,21 @@ def test_cluttered_digits_come_from_their_split_and_do_not_change():
     assert hashlib.sha256(again.test_x.numpy().tobytes() + again.test_y.numpy().tobytes()).hexdigest() == digest
 
 
+def test_cluttered_digits_do_not_depend_on_torchs_thread_count():
+    """A float32 sum of the noisy set changes with the threads that split it: the ranks of a job
+    and a fresh interpreter would normalise with other bits."""
+    threads, digests = torch.get_num_threads(), []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            digits_data.load_cluttered.cache_clear()
+            digests.append(hashlib.sha256(digits_data.load_cluttered().train_x.numpy().tobytes()).hexdigest())
+    finally:
+        torch.set_num_threads(threads)
+        digits_data.load_cluttered.cache_clear()
+    assert digests[0] == digests[1]
+
+
 def test_clutter_places_the_labelled_digit_among_fragments(monkeypatch):
     side = digits_data.DIGIT_SIDE
     digits = np.stack([np.full((side, side), (k + 1) / 10, np.float32) for k in range(10)])  # digit k: (k+1)/10
