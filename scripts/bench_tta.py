@@ -47,9 +47,9 @@ BLOCK = "tta"
 DENSE, FP16 = "hvd-none", "hvd-fp16"
 LABELS = {"hvd-none": "Horovod dense (none)", "hvd-fp16": "Horovod fp16", "ddp-none": "DDP dense (gloo)",
           "ddp-fp16": "DDP fp16_compress_hook", "ddp-powersgd": "DDP powerSGD_hook, rank 1"}
-#: The smoke mode: ResNet-18 on loopback, P=2, Horovod's dense, one of ours and one DDP peer.
 #: the workloads of the page's time-to-accuracy tables (cluttered_resnet is the recipe study's, --workloads)
 DEFAULT_WORKLOADS = ("digits_resnet", "stdlib_lm")
+#: The smoke mode: ResNet-18 on loopback, P=2, Horovod's dense, one of ours and one DDP peer.
 SMOKE = ["--workloads", "digits_resnet", "--links", "loopback", "--np", "2",
          "--compressors", "hvd-none", "topk:density=0.01", "ddp-fp16",
          "--steps", "4", "--eval-every", "2", "--batch", "8",

@@ -164,7 +164,9 @@ def direct_table(direct, study, step_recs, tolerance):
              "|---|---|---:|---:|---:|---:|---|"]
     for link in sorted({r["link"] for r in direct}, key=link_key):
         here = [r for r in direct if r["link"] == link]
-        target = target_of(here, tolerance) or target_of(study, tolerance)
+        target = target_of(here, tolerance)
+        if target is None:
+            target = target_of(study, tolerance)
         for r in here:
             hit = bench_tta.first_reach(r, target, higher) if target is not None else None
             ms = times.get((link, STEP_NAME.get(r["compressor"], r["compressor"])))

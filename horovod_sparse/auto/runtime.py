@@ -178,20 +178,17 @@ class AutoRuntime:
         with momentum (:func:`guarded_optimizer`) auto keeps to the candidates that keep their
         quality, and says so in ``report["optimizer_guard"]``."""
         self.optimizer, kind = guarded_optimizer(optimizer)
-        if kind == "momentum" and not self.guard_momentum:
-            # the user's call: top-k lost nothing on ResNet-18 under momentum SGD, 1.9% on the transformer
-            self.report["optimizer_guard"] = {
-                "optimizer": self.optimizer, "kind": kind, "kept": list(self.allowed),
-                "why": f"guard_momentum=False: every candidate kept ({MEASURED_COST[kind]}; top-k 0.01 "
-                       "ended level with dense on ResNet-18, docs/results/accuracy.md)"}
-            return
-        if kind:
+        # the user's call: top-k lost nothing on ResNet-18 under momentum SGD, 1.9% on the transformer
+        waived = kind == "momentum" and not self.guard_momentum
+        if kind and not waived:
             self.allowed = tuple(c for c in self.candidates if keeps_recipe_quality(c))
-        if self.allowed != self.candidates:
-            self.report["optimizer_guard"] = {
-                "optimizer": self.optimizer, "kind": kind, "kept": list(self.allowed),
-                "why": f"sparsifiers and low rank cost quality ({MEASURED_COST[kind]}, bits per byte after "
-                       "1000 steps, docs/results/accuracy.md); fp16 and 8-bit quantizers with error feedback keep it"}
+        if waived or self.allowed != self.candidates:
+            why = (f"guard_momentum=False: every candidate kept ({MEASURED_COST[kind]}; top-k 0.01 ended level "
+                   "with dense on ResNet-18, docs/results/accuracy.md)" if waived else
+                   f"sparsifiers and low rank cost quality ({MEASURED_COST[kind]}, bits per byte after 1000 steps, "
+                   "docs/results/accuracy.md); fp16 and 8-bit quantizers with error feedback keep it")
+            self.report["optimizer_guard"] = {"optimizer": self.optimizer, "kind": kind, "kept": list(self.allowed),
+                                              "why": why}
 
     @property
     def profiling_choice(self):
