@@ -157,8 +157,7 @@ def direct_table(direct, study, step_recs, tolerance):
     """Per direct run: its link, measured steps and seconds to target (its own dense's target, or
     the study's where no dense run went on that link),
     the derived seconds (its steps x bench_step's step on that link) and their ratio, and whether
-    its curve equals the loopback run's of the same compressor and seed, value for value. A run
-    repeated on the same link (after a change of the code) is labelled with its start time."""
+    its curve equals the loopback run's of the same compressor and seed, value for value."""
     times, higher = step_ms(step_recs), higher_of(direct)
     loop = {(r["compressor"], r.get("seed", 0)): r for r in study}
     lines = ["| run | link | steps to target | measured s | derived s | derived / measured | same curve as loopback |",
@@ -176,10 +175,7 @@ def direct_table(direct, study, step_recs, tolerance):
             same = "" if twin is None else (
                 "yes" if [p["metric"] for p in bench_tta.points(twin)] == [p["metric"] for p in bench_tta.points(r)]
                 else "no")
-            name = label(r["compressor"])
-            if sum(o["compressor"] == r["compressor"] and o.get("seed", 0) == r.get("seed", 0) for o in here) > 1:
-                name += f" (run {r.get('timestamp', '?')[:16].replace('T', ' ')})"  # the same run again: when
-            cells = [name, link, str(hit["step"]) if hit else "never",
+            cells = [label(r["compressor"]), link, str(hit["step"]) if hit else "never",
                      f"{hit['seconds']:.1f}" if hit else "", f"{derived:.1f}" if derived else "",
                      f"{derived / hit['seconds']:.2f}" if derived and hit["seconds"] else "", same]
             lines.append("| " + " | ".join(cells) + " |")

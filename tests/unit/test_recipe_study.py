@@ -73,16 +73,6 @@ def test_direct_runs_without_a_dense_run_on_their_link_use_the_studys_target():
         "| `topk:density=0.01` | 10gbit | 200 | 20.0 |")
 
 
-def test_a_direct_run_repeated_on_a_link_is_labelled_with_its_time():
-    before = dict(tta("topk:density=0.01", [3.0, 1.005, 1.0], link="1gbit", seconds_per_step=0.2),
-                  timestamp="2026-11-27T03:10:00+00:00")
-    after = dict(tta("topk:density=0.01", [3.0, 1.005, 1.0], link="1gbit", seconds_per_step=0.1),
-                 timestamp="2026-11-27T08:47:57+00:00")
-    table = study.direct_table([before, after], STUDY, STEPS, tolerance=0.01)
-    assert row(table, "`topk:density=0.01` (run 2026-11-27 03:10)").endswith("| 1gbit | 200 | 40.0 | 20.0 | 0.50 | no |")
-    assert row(table, "`topk:density=0.01` (run 2026-11-27 08:47)").endswith("| 1gbit | 200 | 20.0 | 20.0 | 1.00 | no |")
-
-
 def test_the_block_names_its_target_and_commands(tmp_path):
     text = study.markdown(STUDY, STEPS, [], tolerance=0.01)
     assert "Target: 1.01" in text and "- `bench_step 1gbit`" in text and "- `bench_tta hvd-none 0 loopback`" in text
