@@ -12,9 +12,7 @@ Every memory follows the same two-phase protocol, so that a step whose exchange 
    ``memory.commit_minus(acc, consumed)`` (quantizers, PowerSGD, FFT: the receivers got
    ``consumed``, a lossy copy of ``acc``) makes what is left of ``acc`` the new state, in
    place, and the old state's buffer becomes the next spare. A failed exchange commits
-   nothing. A step that sent ``acc`` whole (a sparsifier's dense warm-up) commits with
-   ``memory.commit_all_sent()``: the state is zeroed where it is, with no index array, and
-   ``acc`` stays intact in the spare until the next ``accumulate``.
+   nothing.
 
 Buffers are float32 and live in the gradient's own library and device (numpy, or torch
 on CPU/CUDA, or TensorFlow on its device): they are bound to it at the first ``accumulate``.
@@ -46,7 +44,7 @@ import sys
 
 import numpy as np
 
-from horovod_sparse.ops.kernels import copy_into, zero_all, zero_at
+from horovod_sparse.ops.kernels import copy_into, zero_at
 from horovod_sparse.ops.namespace import backend, empty, is_tensorflow, is_torch, library_of
 
 VALUE_DTYPE = np.dtype(np.float32)
@@ -83,15 +81,6 @@ class Memory:
     def commit_minus(self, acc, consumed):
         """The exchange succeeded and the receivers got ``consumed`` for ``acc``."""
         raise NotImplementedError(f"{type(self).__name__} commits sparse selections only")
-
-    def commit_all_sent(self):
-        """The exchange succeeded and sent the step's ``acc`` whole: :meth:`commit_cleared` at
-        every index (the same zeros), without an index array."""
-        raise NotImplementedError(f"{type(self).__name__} keeps its state whatever was sent")
-
-    def _zero_state(self):
-        for name in self.state_names:  # zeroed where it is: acc, in the spare, stays intact
-            self._state[name] = zero_all(self._state[name])
 
     def state_dict(self):
         """The state vectors by name, as float32 numpy copies."""
@@ -182,10 +171,6 @@ class ErrorFeedback(Memory):
         if self.enabled:
             self._swap("residual", zero_at(acc, cleared))
 
-    def commit_all_sent(self):
-        if self.enabled:
-            self._zero_state()
-
     def commit_minus(self, acc, consumed):
         if self.enabled:
             if is_tensorflow(acc):
@@ -248,9 +233,6 @@ class MomentumCorrection(Memory):
     def commit_cleared(self, acc, cleared):
         self._swap("velocity", zero_at(self._spare["velocity"], cleared))
         self._swap("residual", zero_at(acc, cleared))
-
-    def commit_all_sent(self):
-        self._zero_state()
 
 
 class Momentum(Memory):

@@ -17,12 +17,8 @@ class Dense:
         self.comm, self.n = comm, n
 
     def run(self, indices, values):
-        """``indices`` None: ``values`` is the whole buffer, summed as it is (no densifying)."""
-        if indices is None:
-            local = values
-        else:
-            local = np.zeros(self.n, dtype=values.dtype)
-            local[indices] = values
+        local = np.zeros(self.n, dtype=values.dtype)
+        local[indices] = values
         summed = np.empty_like(local)
         self.comm.allreduce(local, summed, op=MPI.SUM)
         return None, summed, None

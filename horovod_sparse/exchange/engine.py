@@ -114,9 +114,7 @@ class SparseAllreduce(CountedExchange):
     def allreduce(self, indices, values, tag=0, finite=True):
         """Sum the sparse vectors (indices, values) of all ranks; see the class docstring.
 
-        indices : 1-D integer array (numpy or CPU torch tensor), unique, in [0, n); or, with
-            the "dense" algorithm, None: ``values`` is then the whole buffer (n values, in
-            order), summed as it is, with no index array to build, check or scatter.
+        indices : 1-D integer array (numpy or CPU torch tensor), unique, in [0, n).
         values : 1-D float16/float32/float64 array of the same length (float16 is
             carried as float32).
         tag : int in [-2**63, 2**63), default 0.  A caller-chosen check value that
@@ -127,12 +125,12 @@ class SparseAllreduce(CountedExchange):
         """
         call = self._next_call()
         before = self._comm.traffic
-        local = LocalInput(indices, values, self.n, whole=self.algorithm == "dense")
+        local = LocalInput(indices, values, self.n)
         agreed = self._agree(call, n=self.n, tag=tag, params=self._params_code,
                              error_code=local.error_code, error_detail=local.error_detail,
                              algorithm=ALGORITHMS.index(self.algorithm), k=-1 if self.k is None else self.k,
                              value_dtype=VALUE_DTYPE_CODES.get(local.value_dtype, 0),
-                             count=local.count, algorithm_names=ALGORITHMS, finite=finite)
+                             count=local.indices.size, algorithm_names=ALGORITHMS, finite=finite)
 
         if self.algorithm == "allgather":
             self._impl.counts = agreed["count"]
@@ -191,7 +189,7 @@ class ExchangeResult:
         other algorithms equal to ``indices``.
     traffic : :class:`Traffic` of this call on this rank.
     n : dense length.
-    sent_indices : this rank's input indices, sorted (int64); None for a whole buffer.
+    sent_indices : this rank's input indices, sorted (int64).
     sent_values : this rank's input values aligned with ``sent_indices``, as the
         receivers decoded them (with a value codec; else as given, float16 as float32).
     """

@@ -30,16 +30,13 @@ _ERROR_TEXT = {
     4: "index {detail} is outside [0, n)",
     5: "index {detail} appears more than once",
     6: "tag must be an integer in [-2**63, 2**63)",
-    8: "a whole-buffer call (indices None) needs the dense algorithm and n values (got {detail})",
 }
 # Fields every rank must agree on, with how to print them.
 # ``tag`` is the caller's own check value (e.g. a CRC32 of the gradient layout).
 _AGREED = ("n", "algorithm", "k", "call", "value_dtype", "params", "tag")
 TAG_ERROR_CODE = 6
-#: a whole-buffer call (indices None) to an algorithm other than dense, or not n values
-WHOLE_BUFFER_CODE = 8
 #: a rank's gradient held an inf or a NaN (its own kind of problem: see agree_call)
-NONFINITE_CODE = 100  # apart from every exchange's own codes (1-6 and 8 here, 7 compressed, 20 PowerSGD)
+NONFINITE_CODE = 100  # apart from every exchange's own codes (1-6 here, 7 compressed, 20 PowerSGD)
 
 
 def tag_as_int64(tag):
@@ -70,43 +67,25 @@ def as_numpy(array):
 class LocalInput:
     """This rank's input after local checks: sorted by index, or an error code.
 
-    Attributes: ``indices`` (int64 or the caller's integer dtype, sorted ascending; None for
-    a whole buffer), ``values`` (float32 or float64, permuted like ``indices``), ``count``
-    (how many values), ``error_code``, ``error_detail`` (ints for the header),
-    ``value_dtype`` (the wire value dtype).
-
-    ``indices=None`` with ``whole=True`` is the whole buffer: ``values`` holds all n entries in
-    order (a dense step: no index array to build, check or scatter).
+    Attributes: ``indices`` (int64 or the caller's integer dtype, sorted ascending),
+    ``values`` (float32 or float64, permuted like ``indices``), ``error_code``,
+    ``error_detail`` (ints for the header), ``value_dtype`` (the wire value dtype).
     """
 
-    def __init__(self, indices, values, n, whole=False):
+    def __init__(self, indices, values, n):
         self.indices = np.empty(0, np.int64)
         self.values = np.empty(0, np.float32)
         self.error_code = 0
         self.error_detail = 0
         try:
-            if indices is None:
-                self._check_whole(values, n, whole)
-            else:
-                self._check(indices, values, n)
+            self._check(indices, values, n)
         except Exception:  # anything odd becomes "bad indices/values", never a local raise
             if self.error_code == 0:
                 self.error_code = 1
         self.value_dtype = self.values.dtype
-        self.count = self.values.size if self.indices is None else self.indices.size
 
     def _fail(self, code, detail=0):
         self.error_code, self.error_detail = code, int(detail)
-
-    def _check_whole(self, values, n, whole):
-        self.indices = None
-        val = as_numpy(values)
-        if not whole or val.ndim != 1 or val.size != n:
-            return self._fail(WHOLE_BUFFER_CODE, val.size if val.ndim == 1 else -1)
-        if val.dtype not in (np.float16, np.float32, np.float64):
-            return self._fail(2)
-        self.values = np.ascontiguousarray(val.astype(np.float32) if val.dtype == np.float16 else val)
-        return None
 
     def _check(self, indices, values, n):
         idx = as_numpy(indices)

@@ -37,16 +37,6 @@ def zero_at(x, indices):
     return x
 
 
-def zero_all(x):
-    """``x[:] = 0`` in place (TensorFlow: a new tensor of zeros); returns ``x``."""
-    if is_tensorflow(x):
-        return sys.modules["tensorflow"].zeros_like(x)
-    if is_torch(x):
-        return x.zero_()
-    x.fill(0)
-    return x
-
-
 def put(x, indices, values):
     """``x[indices] = values`` in place, for 1-D ``x`` (torch: index_copy_)."""
     if is_torch(x):

@@ -119,7 +119,6 @@ class Sparsifier(Pipeline):
         self.rank = self.engine.rank
         self.last: Optional[StepInfo] = None
         self._candidate_scratch = None  # the first pass's candidate buffers (made at the first fused step)
-        self._all_indices = None        # 0..n-1, the support of the warm-up's dense steps (made then)
 
     # ------------------------------------------------------------------ state
     @property
@@ -175,46 +174,39 @@ class Sparsifier(Pipeline):
         4. the exchange (numpy + mpi4py), and the summed pairs back to the device;
         5. cleared = local (allgather/dsa) or local ∩ global selection (oktopk/gtopk);
         6. commit: the residual is acc with zeros at the cleared indices.
-
-        A dense step (the warm-up's, or a ramp step whose count reaches n / P) sends a copy of
-        acc whole through one Allreduce: steps 2 and 5 have nothing to do, step 3 is one copy (no
-        index array is built, gathered or scattered), and step 6 zeroes the residual where it is.
-        Its result's indices are 0, ..., n-1 (one array, kept while the dense steps last).
         """
         acc, acc_finite, candidates = self._first_pass(grad)                  # step 1
         finite = finite and acc_finite
         rule_state = self.rule.state_dict()
         try:
             k = self.k_at(self.step_count)
-            if k == self.n and self.k < self.n:  # dense (warm-up): acc whole, no index array
-                local, method, engine = None, "dense", self.dense_engine
-            elif not finite:  # nothing worth selecting: the header tells every rank to skip
-                local, method, engine = namespace.arange(0, acc), "skipped", self.engine
+            warmup = k == self.n and self.k < self.n  # the same engine on every rank, finite or not
+            if not finite:  # nothing worth selecting: the header tells every rank to skip
+                local, method = namespace.arange(0, acc), "skipped"
+                engine = self.dense_engine if warmup else self.engine
+            elif warmup:
+                local, method, engine = namespace.arange(self.n, acc), "dense", self.dense_engine
             else:
                 local, method = self.rule.select(acc, self._keys(acc, candidates), k,  # step 2
                                                  self.step_count, self.rank)
                 engine = self.engine
-            # step 3: the values sent (a dense step: a copy of acc whole, kept for StepInfo)
-            sent = kernels.copy(acc) if local is None else take(acc, local)
-            result = engine.allreduce(None if local is None else host.to_host(local), host.to_host(sent),
-                                      tag=tag, finite=finite)
+            sent = take(acc, local)                                     # step 3
+            result = engine.allreduce(host.to_host(local), host.to_host(sent), tag=tag, finite=finite)
         except BaseException:
             self.rule.load_state_dict(rule_state)  # carried thresholds are not kept either
             raise
-        values = host.from_host(result.values, acc)                             # step 4
-        if local is None:  # every index was sent and is cleared
-            local = indices = selected = cleared = self._every_index(acc)
-            kept = sent
-            self.memory.commit_all_sent()                                       # step 6
+        if engine is self.dense_engine:                                         # step 4
+            indices, values = local, host.from_host(result.values, acc)
+            selected, cleared, kept = local, local, sent
         else:
-            self._all_indices = None  # the warm-up's dense steps are over
             indices = host.from_host(result.indices, acc)
+            values = host.from_host(result.values, acc)
             selected = indices if result.selected is result.indices else host.from_host(result.selected, acc)
             cleared, kept = local, sent                                         # step 5
             if self.exchange in SELECTING_EXCHANGES:
                 consumed = compact(isin_sorted(local, selected))
                 cleared, kept = take(local, consumed), take(sent, consumed)
-            self.memory.commit_cleared(acc, cleared)                            # step 6
+        self.memory.commit_cleared(acc, cleared)                                # step 6
         self.last = StepInfo(self.step_count, local, sent, selected, cleared, kept, method,
                              result.traffic)
         self.step_count += 1
@@ -229,13 +221,6 @@ class Sparsifier(Pipeline):
         out = namespace.zeros(self.n, "float32", values)
         kernels.put(out, indices, values)
         return out
-
-    def _every_index(self, like):
-        """0, ..., n-1 (int64) in ``like``'s library and device: the support of a dense step,
-        made once and kept while the dense steps last."""
-        if self._all_indices is None or namespace.library_of(self._all_indices) != namespace.library_of(like):
-            self._all_indices = namespace.arange(self.n, like)
-        return self._all_indices
 
     def _first_pass(self, grad):
         """Step 1: ``(acc, finite, candidates)`` (:func:`~horovod_sparse.sparsify.first_pass.first_pass`)."""

@@ -78,16 +78,13 @@ class StepSum:
     gradient's part, times ``scale``, into that gradient and returns it.
 
     summed : ``(indices, values)`` of a sparsifier (sorted int64 indices into the fused
-        buffer and their float32 sums; n of them, on a dense step, are every index) or a
-        dense float32 tensor of length n.
+        buffer and their float32 sums) or a dense float32 tensor of length n.
     """
 
     def __init__(self, layout, gradients, summed, frozen=()):
         self.gradients = gradients
         self.frozen = frozen  # gradients of frozen parameters: zero on every rank (checked)
         self.entries = layout.by_key
-        if isinstance(summed, tuple) and summed[0].shape[0] == layout.n:
-            summed = summed[1]  # every index (a sparsifier's dense step): the values are the dense sum
         self.sparse = isinstance(summed, tuple)
         if self.sparse:
             indices, self.values = summed

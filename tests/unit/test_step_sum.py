@@ -58,16 +58,3 @@ def test_dense_sum_is_copied_and_scaled_bitwise():
         out = step.write(e.key, 0.25)
         want = (summed[e.offset:e.offset + e.size] * np.float32(0.25)).reshape(e.shape)
         assert out.numpy().tobytes() == want.astype(out.numpy().dtype).tobytes()
-
-
-def test_every_index_is_written_as_the_dense_sum_bitwise():
-    """A sparsifier's dense (warm-up) step returns every index: written as a dense sum would be."""
-    keys, grads, layout, rng = make(4)
-    values = rng.standard_normal(layout.n).astype(np.float32)
-    step = StepSum(layout, grads, (torch.arange(layout.n), torch.from_numpy(values)))
-    assert not step.sparse
-    expected = oracle(layout, np.arange(layout.n), values, 0.5)
-    for key in keys:
-        out = step.write(key, 0.5)
-        assert out is grads[key]
-        assert out.numpy().tobytes() == expected[key].astype(out.numpy().dtype).tobytes(), key

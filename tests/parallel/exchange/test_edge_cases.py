@@ -192,32 +192,3 @@ def test_different_tags_are_a_clear_error_everywhere(algorithm):
         bad = 2 ** 63 if RANK == SIZE - 1 else 0
         with pytest.raises(ExchangeError, match=f"rank {SIZE - 1}: tag must be an integer"):
             ex.allreduce(indices, values, tag=bad)
-
-
-def test_dense_whole_buffer_equals_the_indexed_call_bitwise():
-    """indices=None hands the dense algorithm the whole buffer: the same sum, bytes and header
-    as the call with every index, without an index array."""
-    n = 1000
-    values = np.random.default_rng(RANK).standard_normal(n).astype(np.float32)
-    with SparseAllreduce(n, "dense") as indexed, SparseAllreduce(n, "dense") as whole:
-        a = indexed.allreduce(np.arange(n), values)
-        b = whole.allreduce(None, values)
-        assert b.sent_indices is None
-        assert np.array_equal(b.indices, np.arange(n))
-        assert a.values.tobytes() == b.values.tobytes()
-        assert a.traffic == b.traffic
-    assert identical_on_all_ranks(b.values)
-
-
-@pytest.mark.parametrize("algorithm, length", [("dense", 999), ("allgather", 1000), ("oktopk", 1000)])
-def test_whole_buffer_refused_on_every_rank_unless_dense_with_n_values(algorithm, length):
-    """A whole-buffer call with n - 1 values on one rank, or to a sparse algorithm, is a clear
-    error on every rank before data moves (no rank waits in a collective)."""
-    n = 1000
-    bad_rank = SIZE - 1
-    values = np.ones(length if RANK == bad_rank else n, np.float32)
-    indices = None if algorithm == "dense" or RANK == bad_rank else np.arange(n)
-    with SparseAllreduce(n, algorithm, k=K) as ex:
-        with pytest.raises(ExchangeError, match=f"rank {bad_rank}:.*whole-buffer call"):
-            ex.allreduce(indices, values)
-        assert all_ranks(ex.traffic.payload_bytes == 0)

@@ -50,31 +50,3 @@ def test_pieces_equal_the_fused_buffer_over_steps(library, dtype, make):
         assert np.array_equal(bits(by_pieces.residual), bits(by_buffer.residual)), step
         if isinstance(by_pieces, MomentumCorrection):
             assert np.array_equal(bits(by_pieces.velocity), bits(by_buffer.velocity)), step
-
-
-@pytest.mark.parametrize("library", ["numpy", "torch"])
-@pytest.mark.parametrize("make", [lambda n: ErrorFeedback(n), lambda n: MomentumCorrection(n, 0.9)],
-                         ids=["ef", "dgc"])
-def test_commit_all_sent_equals_clearing_every_index_and_keeps_acc(library, make):
-    """A dense step's commit (no index array) leaves the state commit_cleared at every index
-    leaves, bit for bit, and acc as it was (the pipeline records what it sent)."""
-    n = sum(SIZES)
-    whole, by_index = make(n), make(n)
-    rng = np.random.default_rng(3)
-    for step in range(4):
-        grad = fused(pieces_of(rng, library, "float32"))
-        acc_whole, acc_by_index = whole.accumulate(grad), by_index.accumulate(grad)
-        assert bits(acc_whole).tobytes() == bits(acc_by_index).tobytes()
-        if step == 2:  # a dense step between sparse ones
-            before = bits(acc_whole).copy()
-            whole.commit_all_sent()
-            by_index.commit_cleared(acc_by_index, np.arange(n) if library == "numpy" else torch.arange(n))
-            assert bits(acc_whole).tobytes() == before.tobytes()
-        else:
-            sent = np.arange(0, n, 7) if library == "numpy" else torch.arange(0, n, 7)
-            whole.commit_cleared(acc_whole, sent)
-            by_index.commit_cleared(acc_by_index, sent)
-        for name in whole.state_names:
-            assert bits(whole.state_dict()[name]).tobytes() == bits(by_index.state_dict()[name]).tobytes(), name
-        if step == 2:
-            assert not any(np.any(v) for v in whole.state_dict().values())
