@@ -114,7 +114,8 @@ def print_table(rows, size, epochs):
     say("sent: bytes this rank sends per step (last step). What Horovod's allreduce carries is counted\n"
         "as a ring allreduce sends it, 2(P-1)/P x payload; the sparse exchanges' bytes are counted on\n"
         "the wire, control messages included. Dense: a ring allreduce of all gradients. top-k, Ok-Topk\n"
-        "and PowerSGD send their first 100 steps dense (their warm-up: horovod_sparse.warmup).")
+        "and PowerSGD send their first 100 steps dense, on Horovod's allreduce (their warm-up:\n"
+        "horovod_sparse.warmup).")
 
 
 def main():

@@ -35,7 +35,8 @@ class PowerSGDCompressor(OutOfBandCompressor):
             (a finite number > 0, default 2.0).
         seed: seed of the random Q draws (integer >= 0, default 0); the same on every rank.
         warmup_steps: the first warmup_steps steps sum the whole gradient by one allreduce,
-            residual cleared, as the hook's ``start_powerSGD_iter`` (an integer >= 0; default
+            residual cleared, as the hook's ``start_powerSGD_iter`` (behind PyTorch's
+            ``hvd.DistributedOptimizer`` Horovod's own allreduce carries them; an integer >= 0; default
             ``$HOROVOD_SPARSE_WARMUP_STEPS``, else 100: :mod:`horovod_sparse.warmup`).
     """
 

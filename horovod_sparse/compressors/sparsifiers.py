@@ -51,7 +51,8 @@ class TopKCompressor(SparsifyingCompressor):
             sparse allreduce, global top-k, < 6k pairs), "gtopk" (gTop-k tree, global
             top-k) or "dsa" (TopkDSA, sparse-or-dense regions).
         warmup_steps: the first warmup_steps steps send the whole buffer through a dense
-            allreduce (residual cleared); over the next warmup_steps the density falls
+            allreduce (residual cleared; behind PyTorch's ``hvd.DistributedOptimizer``
+            Horovod's own allreduce carries them); over the next warmup_steps the density falls
             geometrically from 1 to ``density`` (DGC's warm-up; with "allgather" and "dsa"
             only). An integer >= 0; default ``$HOROVOD_SPARSE_WARMUP_STEPS``, else 100
             (:mod:`horovod_sparse.warmup`; what it buys: docs/results/accuracy.md).
@@ -83,7 +84,8 @@ class OkTopKCompressor(SparsifyingCompressor):
         tau_prime: steps between exact recomputations of the local and global
             thresholds (>= 1); in between they are nudged by x1.012 or /1.012.
         warmup_steps: number of first steps exchanged densely (whole buffer, residual
-            cleared), an integer >= 0; default ``$HOROVOD_SPARSE_WARMUP_STEPS``, else 100
+            cleared; behind PyTorch's ``hvd.DistributedOptimizer`` Horovod's own allreduce
+            carries them), an integer >= 0; default ``$HOROVOD_SPARSE_WARMUP_STEPS``, else 100
             (:mod:`horovod_sparse.warmup`).
         error_feedback: keep what was not consumed in a residual; cleared only at
             indices selected both locally and globally.

@@ -24,6 +24,15 @@ Horovod calls ``compress`` for every gradient of a step (from the backward hooks
    If some rank's gradient overflowed (inf or NaN), no state changes and every
    out-of-band gradient of the step is NaN on every rank (:mod:`horovod_sparse.nonfinite`).
 
+The warm-up's dense steps (:mod:`horovod_sparse.warmup`: top-k's, Ok-Topk's and PowerSGD's
+first ``warmup_steps``) are carried by Horovod's own allreduce: there the pipeline would send
+every element and keep nothing back (its residual stays zero), which is what Horovod's
+allreduce does - overlapped with backward, fused by Horovod, without our local passes. The
+compressor counts those steps (a step whose sums are not finite on every rank is not one,
+as the overflow rule wants; with ``nonfinite="raise"`` it raises at the step's last
+``decompress``), saves the count as the step counter of its state, and the pipelines start
+from it at the first compressed step, so the ramp and the schedule's profiling come after.
+
 A frozen parameter (``requires_grad`` False, as in fine-tuning schedules) leaves the fused
 layout at the step it is frozen on every rank: its residual is kept aside, untouched, and
 restored when it is unfrozen (:mod:`horovod_sparse.layout_pipeline`), never drained into a frozen
@@ -44,6 +53,7 @@ from horovod_sparse.agreement import communicator_of
 from horovod_sparse.checks import check_choice, check_positive_int
 from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_process_set, check_caller
+from horovod_sparse.layout_pipeline import PIPELINE_KEY
 from horovod_sparse.nonfinite import check_nonfinite, raise_with_hint
 from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.out_of_band import OutOfBandCompressorBase
@@ -110,6 +120,13 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._carried = FiniteCheck()
         self._caller_checked = False
         self._optimizer = OneOptimizer(algorithm.name)  # one compressor per optimizer: refuse a second
+        # the warm-up's dense steps, carried by Horovod (module docstring)
+        self._dense_steps = getattr(algorithm, "warmup_steps", 0)
+        self._carried_steps = 0      # of them done; a step that overflowed on some rank is none
+        self._hand_over = False      # the pipelines have yet to start at step _carried_steps
+        self._carrying = False       # this step is one of them
+        self._carried_sums = None    # whether Horovod's sums of this carried step are all finite
+        self._decompressed = 0       # of this carried step's gradients (the last one ends the step)
 
     def compress(self, tensor):
         if not self._caller_checked:
@@ -118,14 +135,13 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             self._comm = communicator_of(caller_process_set())
             self._caller_checked = True
         if self._step_finished:
-            self._position, self._step_finished = 0, False
-            self._recorded, self._frozen, self._results = {}, {}, None
-            self._carried = FiniteCheck()
-            self.exchanges.start_step(self.comm)
+            self._start_step()
         name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
         self._optimizer.check(optimizer)
         key = self._position if name is None else name
         self._position += 1
+        if self._carrying:  # a dense warm-up step: Horovod's allreduce, as it is
+            return self.compress_dense(tensor, key)
         if self.goes_dense(tensor):
             if tensor.is_floating_point():
                 self._carried.add(tensor)
@@ -140,13 +156,46 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self.record(key, tensor, probe)
         return probe, ("sparse", key)
 
+    def _start_step(self):
+        self._position, self._step_finished = 0, False
+        self._recorded, self._frozen, self._results = {}, {}, None
+        self._carried = FiniteCheck()
+        self._carrying = self._carried_steps < self._dense_steps
+        if self._carrying:
+            self._carried_sums, self._decompressed = FiniteCheck(), 0
+            return
+        if self._hand_over:  # the first compressed step: the pipelines count the carried steps in
+            self.exchanges.load_state_dict({PIPELINE_KEY: {"step": self._carried_steps}})
+            self._hand_over = False
+        self.exchanges.start_step(self.comm)
+
+    def _end_carried_step(self):
+        """At a carried step's last ``decompress`` (Horovod compresses all of a step's gradients
+        before its first ``decompress``): count it if Horovod's sums are finite, which they are
+        on every rank or on none."""
+        if self._carried_sums.all():
+            self._carried_steps += 1
+            self._hand_over = True
+        elif self.nonfinite == "raise":
+            self._optimizer.abandon_step()
+            raise_with_hint(NonFiniteGradientError(
+                f"{self.algorithm.name}: a gradient of this warm-up step is not finite (inf or NaN) on some rank: "
+                "Horovod's sum of it is not finite on every rank"))
+
     def decompress(self, tensor, ctx):
         self._step_finished = True
         if ctx is None:  # a sparse gradient (nn.Embedding(sparse=True)) Horovod allgathered
             return tensor
         kind, info = ctx
         if kind == "dense":
-            return self.decompress_dense(tensor, info)
+            summed = self.decompress_dense(tensor, info)
+            if self._carrying:
+                self._carried_sums.add(summed)
+                self._decompressed += 1
+                if self._decompressed == self._position:
+                    self._carrying = False
+                    self._end_carried_step()
+            return summed
         if self._results is None:
             try:
                 self._results = self.exchanges.finish(self._recorded, self._frozen, self._carried.all())
@@ -172,16 +221,29 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
     def state_dict(self):
         """``{parameter name: {field: its slice of the residual...}}`` plus the pipelines'
         whole-buffer state under ``"(fused)"`` (with a plan, its buckets, each bucket's state
-        and the plan itself); numbers, strings and numpy arrays only
-        (:mod:`horovod_sparse.state_format`). Each rank saves its own."""
-        return self.exchanges.state_dict()
+        and the plan itself; during the warm-up's carried steps, their count as ``"step"``);
+        numbers, strings and numpy arrays only (:mod:`horovod_sparse.state_format`). Each
+        rank saves its own."""
+        state = self.exchanges.state_dict()
+        if self._carried_steps < self._dense_steps or self._hand_over:
+            state[PIPELINE_KEY] = {**state.get(PIPELINE_KEY, {}), "step": self._carried_steps}
+        return state
 
     def load_state_dict(self, state_dict):
         """Restore :meth:`state_dict`, now or at the first step; a gradient's state goes back to
         it by name, whatever the layout then. A saved plan is resumed if this compressor has a
         schedule (not ``"after_backward"``); one saved while ``"auto"`` was still trying its
         candidates is not: the residuals are, and the resumed run profiles and tries again."""
+        whole = state_dict.get(PIPELINE_KEY) or {}
+        self._carried_steps, self._hand_over = min(int(whole.get("step", 0)), self._dense_steps), False
         self.exchanges.load_state_dict(state_dict)
+
+    def regime(self):
+        """``{buffer key: what its next step does}``; during the warm-up's carried steps
+        ``{"horovod": "warm-up: dense until step N, on Horovod's allreduce"}``."""
+        if self._carried_steps < self._dense_steps:
+            return {"horovod": f"warm-up: dense until step {self._dense_steps}, on Horovod's allreduce"}
+        return super().regime()
 
     def close(self):
         self.exchanges.close()
