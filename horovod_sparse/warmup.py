@@ -68,6 +68,20 @@ class Warmup:
             return "dense"
         return "ramp" if self.ramp and step < 2 * self.steps else "steady"
 
+    def dense_steps(self, target, size):
+        """How many first steps send every element at ``size`` ranks, for a steady ``target``
+        density: the dense steps, then the ramp's while its density is at least 1 / ``size``
+        (there a sparsifier's count k reaches n / P and it sends the whole buffer: a dense sum
+        sends less than P ranks' pairs would). A margin keeps rounding on the sparse side.
+
+        >>> Warmup(100).dense_steps(0.01, 2), Warmup(100).dense_steps(0.01, 1), Warmup(100, ramp=False).dense_steps(0.01, 8)
+        (115, 100, 100)
+        """
+        count = self.steps
+        while self.phase(count) == "ramp" and self.density(count, target) * size >= 1 + 1e-9:
+            count += 1
+        return count
+
     def density(self, step, target):
         """The fraction of the buffer sent at ``step`` for a steady ``target`` density: 1 while
         dense, ``target ** (i / steps)`` at the ramp's ``i``-th step (1-based), then ``target``."""

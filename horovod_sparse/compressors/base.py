@@ -69,6 +69,13 @@ class OutOfBandCompressor(Compressor):
     #: (or with ``on_device=True``) and only its payload crosses to numpy
     tensorflow_ops = False
 
+    def dense_steps(self, size):
+        """How many first steps every pipeline of this compressor sends whole, summing the
+        gradients and keeping nothing back, at ``size`` ranks: its warm-up's dense steps
+        (:mod:`horovod_sparse.warmup`; 0 without one). PyTorch's frontend hands those steps to
+        Horovod's own allreduce."""
+        return getattr(self, "warmup_steps", 0)
+
     def make_pipeline(self, n, comm, layout=None):
         """The pipeline for a buffer of ``n`` elements on ``comm`` (collective: every rank of
         ``comm`` must call it, in the same order).

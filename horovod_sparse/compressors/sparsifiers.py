@@ -21,6 +21,7 @@ from horovod_sparse.compressors.base import (OutOfBandCompressor, check_bool, ch
 from horovod_sparse.sparsify import selection
 from horovod_sparse.sparsify.selection import k_for
 from horovod_sparse.sparsify.sparsifier import Sparsifier
+from horovod_sparse.warmup import Warmup
 from horovod_sparse.warmup import warmup_steps as checked_warmup
 
 #: exchanges a compressor with an exact top-k selection can use
@@ -73,6 +74,12 @@ class TopKCompressor(SparsifyingCompressor):
         return Sparsifier(n, comm, selection.TopKRule(), self.k_for(n), exchange=self.exchange,
                           error_feedback=self.error_feedback, warmup_steps=self.warmup_steps,
                           ramp=self.exchange in THRESHOLD_EXCHANGES)
+
+    def dense_steps(self, size):
+        """The warm-up's dense steps, then its ramp's first steps, while every pipeline's count
+        reaches n / P (each pipeline's k / n is at least ``density``, so its ramp count is at least
+        the one :meth:`~horovod_sparse.warmup.Warmup.dense_steps` reads)."""
+        return Warmup(self.warmup_steps, ramp=self.exchange in THRESHOLD_EXCHANGES).dense_steps(self.density, size)
 
 
 class OkTopKCompressor(SparsifyingCompressor):

@@ -25,7 +25,8 @@ Horovod calls ``compress`` for every gradient of a step (from the backward hooks
    out-of-band gradient of the step is NaN on every rank (:mod:`horovod_sparse.nonfinite`).
 
 The warm-up's dense steps (:mod:`horovod_sparse.warmup`: top-k's, Ok-Topk's and PowerSGD's
-first ``warmup_steps``) are carried by Horovod's own allreduce: there the pipeline would send
+first ``warmup_steps``, and the first steps of top-k's ramp while its count reaches n / P) are
+carried by Horovod's own allreduce: there the pipeline would send
 every element and keep nothing back (its residual stays zero), which is what Horovod's
 allreduce does - overlapped with backward, fused by Horovod, without our local passes. The
 compressor counts those steps (a step whose sums are not finite on every rank is not one,
@@ -120,9 +121,10 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._carried = FiniteCheck()
         self._caller_checked = False
         self._optimizer = OneOptimizer(algorithm.name)  # one compressor per optimizer: refuse a second
-        # the warm-up's dense steps, carried by Horovod (module docstring)
+        # the warm-up's dense steps, carried by Horovod (module docstring); their count depends
+        # on P (a ramp's first steps send the whole buffer too), known at the first compress
         self._dense_steps = getattr(algorithm, "warmup_steps", 0)
-        self._carried_steps = 0      # of them done; a step that overflowed on some rank is none
+        self._carried_steps = 0      # steps done before the pipelines take over (an overflowed one is none)
         self._hand_over = False      # the pipelines have yet to start at step _carried_steps
         self._carrying = False       # this step is one of them
         self._carried_sums = None    # whether Horovod's sums of this carried step are all finite
@@ -134,6 +136,9 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
                          process_sets=True)
             self._comm = communicator_of(caller_process_set())
             self._caller_checked = True
+            dense_steps = getattr(self.algorithm, "dense_steps", None)
+            if dense_steps is not None:
+                self._dense_steps = dense_steps(self._comm.Get_size())
         if self._step_finished:
             self._start_step()
         name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
@@ -235,12 +240,13 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         schedule (not ``"after_backward"``); one saved while ``"auto"`` was still trying its
         candidates is not: the residuals are, and the resumed run profiles and tries again."""
         whole = state_dict.get(PIPELINE_KEY) or {}
-        self._carried_steps, self._hand_over = min(int(whole.get("step", 0)), self._dense_steps), False
+        self._carried_steps, self._hand_over = int(whole.get("step", 0)), False
         self.exchanges.load_state_dict(state_dict)
 
     def regime(self):
         """``{buffer key: what its next step does}``; during the warm-up's carried steps
-        ``{"horovod": "warm-up: dense until step N, on Horovod's allreduce"}``."""
+        ``{"horovod": "warm-up: dense until step N, on Horovod's allreduce"}`` (before the first
+        step N is ``warmup_steps``: the ramp's dense steps are counted in once P is known)."""
         if self._carried_steps < self._dense_steps:
             return {"horovod": f"warm-up: dense until step {self._dense_steps}, on Horovod's allreduce"}
         return super().regime()

@@ -59,6 +59,33 @@ def test_the_ramp_goes_dense_while_a_dense_allreduce_sends_fewer_bytes():
         assert [s.k_at(step) for step in range(9)] == [N] * 6 + ramp[2:] + [1000]
 
 
+@pytest.mark.parametrize("spec", ["topk:density=0.1,warmup_steps=4", "topk:density=0.01,warmup_steps=100",
+                                  "topk:density=0.2,exchange=dsa,warmup_steps=2", "topk:density=0.01,exchange=gtopk,warmup_steps=5",
+                                  "oktopk:density=0.01,warmup_steps=3", "powersgd:warmup_steps=3", "topk:warmup_steps=0"])
+def test_the_steps_the_frontend_hands_to_horovod_are_dense_in_every_pipeline(spec):
+    """``dense_steps(P)``, the steps PyTorch's frontend hands to Horovod's allreduce, are steps on
+    which every pipeline of the compressor, whatever its size, would send its whole buffer; the
+    step after them is not, unless only the rounding up of its count makes it so (or a tiny
+    buffer's k / n above the density)."""
+    compressor = horovod_sparse.create(spec)
+    for size in (1, 2, 3, 4, 8):
+        carried = compressor.dense_steps(size)
+        assert carried >= compressor.warmup_steps
+        for n in (1, 7, 1000, 10_007, 250_000):
+            with compressor.make_pipeline(n, MPI.COMM_SELF) as pipeline:
+                if hasattr(pipeline, "engine"):
+                    pipeline.engine.size = size   # as if at `size` ranks
+                    assert all(pipeline.k_at(step) == n for step in range(carried)), (size, n)
+                    # the step after them is dense only by rounding up (or, in a tiny buffer, by its
+                    # k / n above the density: such a step goes out of band, dense)
+                    if n >= 1000 and pipeline.k < n and pipeline.k_at(carried) == n:
+                        assert 0.99 <= pipeline.warmup.density(carried, compressor.density) * size < 1 + 1e-9, (size, n)
+                else:   # PowerSGD: dense steps only, no ramp
+                    assert carried == compressor.warmup_steps and pipeline.warmup.phase(carried) != "dense"
+    assert [horovod_sparse.create("topk:density=0.01,warmup_steps=100").dense_steps(p) for p in (1, 2, 4)] == \
+        [100, 115, 130]
+
+
 @pytest.mark.parametrize("spec", ["topk:density=0.01,warmup_steps=2", "powersgd:warmup_steps=2"])
 def test_an_overflowed_step_does_not_move_the_warm_up_on(spec):
     rng = np.random.default_rng(1)

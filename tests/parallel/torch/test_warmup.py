@@ -14,6 +14,7 @@ import torch
 
 import horovod_sparse.torch as hvds
 from horovod_sparse.layout import key_order
+from horovod_sparse.warmup import Warmup
 
 from test_schedules import distributed, five_layers, flat, local_gradients, train_step
 
@@ -198,4 +199,39 @@ def test_a_schedule_profiles_after_the_carried_warm_up(assert_identical_across_r
     report = compression.schedule_report
     assert report is not None and report["chosen"] == "wfbp"
     assert compression.state_dict()["(fused)"]["step"] == WARMUP + 5
+    compression.close()
+
+
+@pytest.mark.timeout(240)
+def test_the_ramps_dense_steps_ride_horovod_too(comm, assert_identical_across_ranks):
+    """At density 0.2 the ramp's first count reaches n / P from P = 3 (0.2 ** 0.5 * P >= 1): that
+    step is dense on every rank, so Horovod carries it as well; the pipeline then starts at the
+    ramp's next step, and every step equals the oracle."""
+    carried = 2 if hvd.size() < 3 else 3
+    assert Warmup(WARMUP).dense_steps(0.2, hvd.size()) == carried
+    model = five_layers()
+    compression = compression_of(f"topk:density=0.2,warmup_steps={WARMUP}")
+    opt = distributed(model, compression)
+    order = sorted((name for name, _ in model.named_parameters()), key=key_order)
+    n = sum(p.numel() for p in model.parameters())
+    residual = 0.0
+    for step in range(STEPS):
+        regime = compression.regime()
+        local = local_gradients(model, step)
+        acc = np.concatenate([local[name].ravel() for name in order]) + residual
+        k = n if step < WARMUP else max(int(np.ceil(0.2 ** min((step - WARMUP + 1) / WARMUP, 1) * n)), int(np.ceil(0.2 * n)))
+        kept = acc if k * hvd.size() >= n else top_k_oracle(acc, k)
+        residual = acc - kept
+        expected = np.zeros_like(kept)
+        comm.Allreduce(kept, expected)
+        reduced = train_step(model, opt, step)
+        got = np.concatenate([reduced[name].ravel() for name in order])
+        np.testing.assert_allclose(got, expected / hvd.size(), rtol=1e-5, atol=1e-7)
+        if step < carried:   # (the count is known from the first step on, with P)
+            if step > 0:
+                assert regime == {"horovod": f"warm-up: dense until step {carried}, on Horovod's allreduce"}
+            assert compression.pipelines == {}
+        assert_identical_across_ranks(flat(model))
+    pipeline = compression.pipelines["whole_step"][1]
+    assert pipeline.step_count == STEPS
     compression.close()
