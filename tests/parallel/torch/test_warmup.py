@@ -42,6 +42,21 @@ def top_k_oracle(acc, k):
     return keep
 
 
+def step_against_oracle(comm, model, opt, step, order, residual, k):
+    """One training step checked against its oracle: every rank's top ``k`` of its gradient +
+    ``residual`` (laid out in ``order``; all of it where k P >= n), summed over ranks. Returns
+    the next residual and the step's reduced gradients."""
+    local = local_gradients(model, step)
+    acc = np.concatenate([local[name].ravel() for name in order]) + residual
+    kept = acc if k * hvd.size() >= acc.size else top_k_oracle(acc, k)
+    expected = np.zeros_like(kept)
+    comm.Allreduce(kept, expected)
+    reduced = train_step(model, opt, step)
+    got = np.concatenate([reduced[name].ravel() for name in order])
+    np.testing.assert_allclose(got, expected / hvd.size(), rtol=1e-5, atol=1e-7)
+    return acc - kept, reduced
+
+
 @pytest.mark.timeout(240)
 def test_top_k_steps_follow_the_warm_up_against_oracles(comm, assert_identical_across_ranks):
     model = five_layers()
@@ -57,15 +72,7 @@ def test_top_k_steps_follow_the_warm_up_against_oracles(comm, assert_identical_a
     residual, regimes = 0.0, []
     for step in range(STEPS):
         regimes.append(compression.regime())
-        local = local_gradients(model, step)
-        acc = np.concatenate([local[name].ravel() for name in order]) + residual
-        kept = acc if ks[step] == n else top_k_oracle(acc, ks[step])
-        residual = acc - kept
-        expected = np.zeros_like(kept)
-        comm.Allreduce(kept, expected)
-        reduced = train_step(model, opt, step)
-        got = np.concatenate([reduced[name].ravel() for name in order])
-        np.testing.assert_allclose(got, expected / hvd.size(), rtol=1e-5, atol=1e-7)
+        residual, reduced = step_against_oracle(comm, model, opt, step, order, residual, ks[step])
         dense = train_step(reference, dense_opt, step)
         if step < WARMUP:   # the dense warm-up is Horovod's own allreduce, nothing out of band
             for name in names:
@@ -217,16 +224,8 @@ def test_the_ramps_dense_steps_ride_horovod_too(comm, assert_identical_across_ra
     residual = 0.0
     for step in range(STEPS):
         regime = compression.regime()
-        local = local_gradients(model, step)
-        acc = np.concatenate([local[name].ravel() for name in order]) + residual
         k = n if step < WARMUP else max(int(np.ceil(0.2 ** min((step - WARMUP + 1) / WARMUP, 1) * n)), int(np.ceil(0.2 * n)))
-        kept = acc if k * hvd.size() >= n else top_k_oracle(acc, k)
-        residual = acc - kept
-        expected = np.zeros_like(kept)
-        comm.Allreduce(kept, expected)
-        reduced = train_step(model, opt, step)
-        got = np.concatenate([reduced[name].ravel() for name in order])
-        np.testing.assert_allclose(got, expected / hvd.size(), rtol=1e-5, atol=1e-7)
+        residual, _ = step_against_oracle(comm, model, opt, step, order, residual, k)
         if step < carried:   # (the count is known from the first step on, with P)
             if step > 0:
                 assert regime == {"horovod": f"warm-up: dense until step {carried}, on Horovod's allreduce"}
