@@ -51,10 +51,10 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [REPO, os.path.join(REPO, "scripts")]
+sys.path[:0] = [REPO, os.path.join(REPO, "scripts")]  # the package, and doc_block / bench_step beside this file
 # the schedules' steady steps: a compressor's warm-up (horovod_sparse.warmup) would run its dense
 # steps on Horovod's allreduce first, and the schedule's profiling only after them
-os.environ.setdefault("HOROVOD_SPARSE_WARMUP_STEPS", "0")  # the package, and doc_block / bench_step beside this file
+os.environ.setdefault("HOROVOD_SPARSE_WARMUP_STEPS", "0")
 
 from horovod_sparse.agreement import max_over_ranks  # noqa: E402  (numpy only at import)
 from horovod_sparse.bench.step import _link, link_bps  # noqa: E402  (stdlib only at import)

@@ -70,16 +70,21 @@ class TopKCompressor(SparsifyingCompressor):
         self.params = dict(density=self.density, error_feedback=self.error_feedback,
                            exchange=self.exchange, warmup_steps=self.warmup_steps)
 
+    @property
+    def ramps(self):
+        """Whether the warm-up's density ramps down (only a threshold exchange takes any count)."""
+        return self.exchange in THRESHOLD_EXCHANGES
+
     def make_pipeline(self, n, comm, layout=None):
         return Sparsifier(n, comm, selection.TopKRule(), self.k_for(n), exchange=self.exchange,
                           error_feedback=self.error_feedback, warmup_steps=self.warmup_steps,
-                          ramp=self.exchange in THRESHOLD_EXCHANGES)
+                          ramp=self.ramps)
 
     def dense_steps(self, size):
         """The warm-up's dense steps, then its ramp's first steps, while every pipeline's count
         reaches n / P (each pipeline's k / n is at least ``density``, so its ramp count is at least
         the one :meth:`~horovod_sparse.warmup.Warmup.dense_steps` reads)."""
-        return Warmup(self.warmup_steps, ramp=self.exchange in THRESHOLD_EXCHANGES).dense_steps(self.density, size)
+        return Warmup(self.warmup_steps, ramp=self.ramps).dense_steps(self.density, size)
 
 
 class OkTopKCompressor(SparsifyingCompressor):

@@ -122,8 +122,9 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._caller_checked = False
         self._optimizer = OneOptimizer(algorithm.name)  # one compressor per optimizer: refuse a second
         # the warm-up's dense steps, carried by Horovod (module docstring); their count depends
-        # on P (a ramp's first steps send the whole buffer too), known at the first compress
-        self._dense_steps = getattr(algorithm, "warmup_steps", 0)
+        # on P (a ramp's first steps send the whole buffer too): until the first compress tells
+        # P, the count at P = 1 (the dense steps alone)
+        self._dense_steps = algorithm.dense_steps(1)
         self._carried_steps = 0      # steps done before the pipelines take over (an overflowed one is none)
         self._hand_over = False      # the pipelines have yet to start at step _carried_steps
         self._carrying = False       # this step is one of them
@@ -136,9 +137,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
                          process_sets=True)
             self._comm = communicator_of(caller_process_set())
             self._caller_checked = True
-            dense_steps = getattr(self.algorithm, "dense_steps", None)
-            if dense_steps is not None:
-                self._dense_steps = dense_steps(self._comm.Get_size())
+            self._dense_steps = self.algorithm.dense_steps(self._comm.Get_size())
         if self._step_finished:
             self._start_step()
         name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
