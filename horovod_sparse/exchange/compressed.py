@@ -29,7 +29,9 @@ exchanges, both over :class:`~.comm.CountingComm` (every byte counted):
   bytes per rank, nbytes(chunk 0) + nbytes(chunk 1)), and every rank sums the decoded
   pieces of every chunk in rank order (majority: P * sign(sum), sign(0) = +1): the
   owners' re-encoding would only add a second rounding and passes, never save bytes.
-  So at P = 2 the sum is quantized once and the server residual stays zero.
+  So at P = 2 the sum is quantized once and the server residual stays zero. So it is at
+  P = 1: no bytes move, and the result is this rank's code decoded (the owner's re-encoding
+  of its own decoded chunk would add a rounding and two passes, nothing else).
 
 * ``"allgather"`` (GRACE's allgather communicator; volume (P-1) * nbytes(n), grows
   with P): every rank encodes its whole vector with seed ``derive_seed(seed, rank)``,
@@ -39,8 +41,9 @@ exchanges, both over :class:`~.comm.CountingComm` (every byte counted):
 
 Passes over the n values per call (alltoall): encode (which also writes ``own``), the
 owner's decoding and summing of 1/P of the buffer P times, the re-encode of 1/P, the
-decoding of the result (P = 2: encode, decode the peer's codes, one add); nothing of
-size n leaves the device.
+decoding of the result (P = 2: encode, decode the peer's codes, one add; a 1-bit code on the
+CPU: encode, then both codes decoded and added in one pass; P = 1: the encode alone, which
+writes the result); nothing of size n leaves the device.
 
 TensorFlow tensors (the quantizers' step as TensorFlow ops on the gradients' device): the
 same steps, with the codec's and the kernels' TensorFlow spellings, which return new
@@ -148,6 +151,8 @@ class CompressedAllreduce(CountedExchange):
         self._server = ErrorFeedback(self.chunk_sizes[self.rank], enabled=self.server_error_feedback)
         self._scratch = {}
         self._residual = None  # this call's residual buffer (allreduce's argument)
+        self._out = None  # this call's result buffer (allreduce's argument), or None: a new one
+        self._last_codes = None  # (this rank's codes of the last call, its values): decoded_own
 
     # -------------------------------------------------------------- the bound
     def payload_bytes_sent(self):
@@ -159,7 +164,7 @@ class CompressedAllreduce(CountedExchange):
                 + (P - 1) * nbytes(self.chunk_sizes[self.rank]))
 
     # ------------------------------------------------------------------ main
-    def allreduce(self, values, seed, tag=0, want_own=True, finite=True, residual=None):
+    def allreduce(self, values, seed, tag=0, want_own=True, finite=True, residual=None, out=None):
         """Sum ``values`` over the ranks; returns a :class:`CompressedResult`.
 
         values : 1-D float16/32/64 array of length n, numpy or a torch tensor on any
@@ -175,6 +180,9 @@ class CompressedAllreduce(CountedExchange):
         residual : None, or a float32 buffer of n (numpy or a CPU tensor, ``values`` itself
             allowed; a codec with ``fused_cpu``) that gets ``values - own`` (error feedback's
             next residual) in the encoding pass, chunk by chunk, without ``own`` being read back.
+        out : None (the result is a new array), or a float32 buffer of n like ``values`` that
+            gets the result (a caller that copies the result out at once and reuses the buffer
+            step to step: no fresh memory for the kernel to zero). TensorFlow: not used.
         Raises ExchangeError on every rank if any rank's input is bad or the ranks
         disagree on n, method, codec, call count or tag; the server residual is then
         unchanged.
@@ -190,10 +198,14 @@ class CompressedAllreduce(CountedExchange):
                     count=-1 if x is None else x.shape[0], algorithm_names=METHODS,
                     exchange="compressed allreduce", error_texts=_ERROR_TEXTS, finite=finite)
         self._residual = residual if residual is not None and not namespace.is_tensorflow(x) else None
-        if self.method == "allgather":
-            out, own = self._allgather(x, seed)
-        else:
-            out, own = self._alltoall(x, seed, want_own)
+        self._out = out if out is not None and not namespace.is_tensorflow(x) else None
+        try:
+            if self.method == "allgather":
+                out, own = self._allgather(x, seed)
+            else:
+                out, own = self._alltoall(x, seed, want_own)
+        finally:  # the caller's buffers are the call's only: holding them would keep them from reuse
+            self._residual = self._out = None
         return CompressedResult(out, own if want_own else None, self._comm.traffic - before)
 
     def _check(self, values):
@@ -228,6 +240,10 @@ class CompressedAllreduce(CountedExchange):
             buffer = self._scratch[key] = namespace.empty(max(count, 1), dtype_name, like)
         return buffer[:count]
 
+    def _result(self, like):
+        """Where this call's sum goes: the caller's ``out``, else a new array."""
+        return namespace.new_empty(self.n, "float32", like) if self._out is None else self._out
+
     def _code(self, codes, j):
         """The code of chunk j in a buffer holding every chunk's code back to back."""
         return codes[self._code_offsets[j]:self._code_offsets[j + 1]]
@@ -253,6 +269,8 @@ class CompressedAllreduce(CountedExchange):
 
     def _alltoall(self, x, seed, want_own):
         P, rank, codec, b = self.size, self.rank, self.codec, self.bounds
+        if P == 1:
+            return self._one_rank(x, seed, want_own)
         if P == 2:
             return self._two_ranks(x, seed, want_own)
         if namespace.is_tensorflow(x):
@@ -262,6 +280,7 @@ class CompressedAllreduce(CountedExchange):
             self._buffer("own_chunk", self.chunk_sizes[rank], "float32", x)
         codes = self._encode_chunks(x, seed, lambda j: own_chunk if j == rank else
                                     None if own is None else own[b[j]:b[j + 1]])
+        self._last_codes = (codes, x)
         mine = self.chunk_nbytes[rank]
         received = host.from_host(self._comm.alltoallv(host.to_host(codes), self.chunk_nbytes,
                                                        [mine] * P), x)
@@ -270,7 +289,7 @@ class CompressedAllreduce(CountedExchange):
         # 3. plus the server residual, re-encoded; what it decodes to is the result's chunk
         fused = self._server_fused(total)
         acc = self._server.accumulate(total) if fused is None else fused
-        out = namespace.new_empty(self.n, "float32", x)
+        out = self._result(x)
         code = self._buffer("owner_code", mine, "uint8", x)
         codec.encode(acc, derive_seed(seed, P + rank, rank), out=code, decoded=out[b[rank]:b[rank + 1]],
                      **({} if fused is None else {"residual": acc}))
@@ -318,21 +337,43 @@ class CompressedAllreduce(CountedExchange):
             out = out * np.float32(P)
         return out, tf.concat(own, 0) if want_own else None
 
+    def _one_rank(self, x, seed, want_own):
+        """The alltoall method at P = 1 (module docstring): the result is this rank's code
+        decoded, written by the encode; the sum is quantized once, as at P = 2."""
+        if namespace.is_tensorflow(x):
+            _, decoded = self._encode_chunks(x, seed, lambda j: True)
+            return decoded[0], decoded[0]
+        out = self._result(x)
+        self._last_codes = (self._encode_chunks(x, seed, lambda j: out), x)
+        return out, _copy(self._buffer("own", self.n, "float32", x), out) if want_own else None
+
     def _two_ranks(self, x, seed, want_own):
         """The alltoall method at P = 2 (module docstring): one Allgatherv of both ranks' chunk
-        codes; each chunk's sum is decoded straight into the result, plus this rank's own.
-        A majority code's vote of two is computed on the codes (``codec.vote_of_two``): one
-        decode, no sum."""
+        codes; each chunk's sum is decoded straight into the result, plus this rank's own
+        (or, where the codec sums two codes in one pass and ``own`` is not wanted, both codes
+        decoded and added at once). A majority code's vote of two is computed on the codes
+        (``codec.vote_of_two``): one decode, no sum."""
         rank, b, codec = self.rank, self.bounds, self.codec
         vote_of_two = getattr(codec, "vote_of_two", None) if self.majority else None
         if namespace.is_tensorflow(x):
             return self._two_ranks_tensorflow(x, seed, want_own, vote_of_two)
-        own = self._buffer("own", self.n, "float32", x) if want_own or vote_of_two is None else None
+        sum_codes = vote_of_two is None and not want_own and codec.sums_two_codes(x)
+        own = (self._buffer("own", self.n, "float32", x) if want_own or (vote_of_two is None and not sum_codes)
+               else None)
         codes = self._encode_chunks(x, seed, lambda j: None if own is None else own[b[j]:b[j + 1]])
+        self._last_codes = (codes, x)
         whole = self._code_offsets[-1]
         gathered = self._comm.allgatherv(host.to_host(codes), [whole, whole])
         peer = host.from_host(gathered[(1 - rank) * whole:(2 - rank) * whole], x)  # only the peer's
-        out = namespace.new_empty(self.n, "float32", x)
+        out = self._result(x)
+        if sum_codes:
+            first, second = (codes, peer) if rank == 0 else (peer, codes)  # rank order
+            for j in range(2):
+                codec.decode_sum_of_two(self._code(first, j), self._code(second, j), self.chunk_sizes[j],
+                                        out=out[b[j]:b[j + 1]])
+            if self.majority:
+                self._vote(out)
+            return out, own
         if vote_of_two is not None:
             voted = vote_of_two(codes, peer, out=self._buffer("voted", whole, "uint8", x))
             for j in range(2):
@@ -406,8 +447,9 @@ class CompressedAllreduce(CountedExchange):
         own = self._buffer("own", n, "float32", x)
         codec.encode(x, derive_seed(seed, rank), out=code, decoded=own,
                      **({} if self._residual is None else {"residual": self._residual}))
+        self._last_codes = (code, x)
         gathered = host.from_host(self._comm.allgatherv(host.to_host(code), [size] * P), x)
-        out = namespace.new_empty(n, "float32", x)
+        out = self._result(x)
         for r in range(P):
             if r == 0:
                 if r == rank:
@@ -420,6 +462,19 @@ class CompressedAllreduce(CountedExchange):
         if self.majority:
             self._vote(out)
         return out, own
+
+    def decoded_own(self):
+        """This rank's contribution to the last call as the receivers decode it: what
+        ``want_own`` returns, decoded now from that call's codes (a CPU or device buffer of
+        this exchange until its next call). For a caller that skipped ``own`` (the codec sums
+        the codes, or the encode wrote the residual) and may still ask for it."""
+        codes, like = self._last_codes
+        own = namespace.new_empty(self.n, "float32", like)
+        if self.method == "allgather":
+            return self.codec.decode(codes, self.n, out=own)
+        for j in range(self.size):
+            self.codec.decode(self._code(codes, j), self.chunk_sizes[j], out=own[self.bounds[j]:self.bounds[j + 1]])
+        return own
 
     def _vote(self, total):
         """total = P * sign(total), sign(0) = +1, in place: the sign bit of P set where total < 0.

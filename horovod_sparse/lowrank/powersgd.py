@@ -230,7 +230,7 @@ class PowerSGDPipeline(Pipeline):
         self._memory = ErrorFeedback(self.n, self.error_feedback)
         self._q = [self._draw(i, 0) for i in range(len(self.plan.matrices))]
         self._calls = 0
-        self._result_buffer = None  # step 6's output, reused once the caller let go of it
+        self._results = views.ReusedResult(self.n)  # step 6's output on the CPU
         self.last: Optional[PowerSGDStepInfo] = None
 
     # ------------------------------------------------------------------ state
@@ -438,16 +438,11 @@ class PowerSGDPipeline(Pipeline):
                 view.full, block.cols, view.tail_size, self.error_feedback)
 
     def _result(self, like):
-        """Step 6's output buffer: numpy or a CPU tensor reuses the previous step's buffer when
-        nothing refers to it any more (a fresh one of 100 MB costs its page faults, more than
-        a pass over it), else a new one; other devices and TensorFlow: :func:`_new_result`."""
-        if not self.numpy_on_cpu or views.numpy_view(like) is None:
-            return _new_result(self.n, like)
-        buffer = self._result_buffer
-        # referenced here, by the attribute and by getrefcount's argument: by nothing else
-        if buffer is None or sys.getrefcount(buffer) > 3:
-            buffer = self._result_buffer = np.empty(self.n, np.float32)
-        return views.as_like(buffer, like)
+        """Step 6's output buffer: on the CPU the previous step's once nothing refers to it
+        (:class:`~horovod_sparse.ops.views.ReusedResult`); other devices, torch's own kernels
+        and TensorFlow: :func:`_new_result`."""
+        out = self._results.like(like) if self.numpy_on_cpu else None
+        return _new_result(self.n, like) if out is None else out
 
     def _expand(self, target, basis, q, ws, subtract=False):
         """For every matrix: target's block = (or -=) basis q^T (see :func:`.factors.expand_block`).

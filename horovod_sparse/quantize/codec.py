@@ -90,9 +90,11 @@ class ValueCodec:
             args = (_kernel(x), seed, _kernel(out), _optional(decoded))
             arrays = (args[0], args[2], args[3], _optional(residual))
             if not (_fusable(self, *arrays) and self._encode_fused(*args, arrays[3])):
+                if residual is not None and decoded is None:  # the floats the residual is made of
+                    args = args[:3] + (_kernel(namespace.new_empty(x.shape[0], "float32", x)),)
                 self._encode(*args)
                 if residual is not None:
-                    namespace.backend(_kernel(residual)).subtract(_kernel(x), _kernel(decoded), out=_kernel(residual))
+                    namespace.backend(_kernel(residual)).subtract(args[0], args[3], out=_kernel(residual))
         return out
 
     def encode_decoded(self, values, seed=0, out=None, decoded=None):
@@ -116,6 +118,29 @@ class ValueCodec:
             if not (_fusable(self, args[0], args[2]) and self._decode_fused(*args)):
                 self._decode(*args)
         return out
+
+    def sums_two_codes(self, like):
+        """Whether :meth:`decode_sum_of_two` runs one compiled pass over both codes for arrays
+        like ``like`` (so a caller need not keep either side's decoded floats)."""
+        return False
+
+    def decode_sum_of_two(self, first, second, count, out=None):
+        """``out = decode(first) + decode(second)`` in float32, that order (``count`` values
+        each; numpy or torch ``out``). One pass over both codes where :meth:`sums_two_codes`,
+        else two decodes and an add."""
+        first, second = as_bytes(first), as_bytes(second)
+        out = self._value_buffer(out, count, first)
+        if not (_fusable(self, _kernel(first), _kernel(second), _kernel(out))
+                and self._decode_sum_fused(_kernel(first), _kernel(second), count, _kernel(out))):
+            spare = namespace.new_empty(count, "float32", first)
+            self.decode(first, count, out=out)
+            namespace.backend(_kernel(out)).add(_kernel(out), _kernel(self.decode(second, count, out=spare)),
+                                                out=_kernel(out))
+        return out
+
+    def _decode_sum_fused(self, first, second, count, out):
+        """:meth:`decode_sum_of_two` by one compiled kernel; False where it does not apply."""
+        return False
 
     def _encode_fused(self, x, seed, out, decoded, residual):
         """:meth:`_encode` (and ``residual = x - decoded``) by compiled kernels on numpy arrays;

@@ -35,7 +35,7 @@ import sys
 import numpy as np
 
 from horovod_sparse.checks import check_int
-from horovod_sparse.ops import indices, kernels, namespace, views
+from horovod_sparse.ops import cpu, indices, kernels, namespace, views
 from horovod_sparse.ops.cpu import quantize as fused
 
 from .bitpack import code_dtype, pack_into, packed_nbytes, padded_count, unpack_into
@@ -717,6 +717,8 @@ class SignCodec(ValueCodec):
         """:meth:`_encode` by compiled kernels: the header's sums in one read
         (:func:`~horovod_sparse.ops.cpu.quantize.tree_sums`), then bits, decoded floats and
         residual in one pass (:func:`~horovod_sparse.ops.cpu.quantize.sign_encode`)."""
+        if not x.flags.c_contiguous:  # the kernel loads 64 values at a time
+            return False
         header = self._fused_header(x, x.shape[0])
         if header is not None:
             _write_floats(out, header)
@@ -732,6 +734,15 @@ class SignCodec(ValueCodec):
         k = self.header_floats
         header = _read_floats(data, k, self.scratch) if k else None
         fused.one_bit_decode(data[4 * k:], count, self._values(header, out), out)
+        return True
+
+    def sums_two_codes(self, like):
+        return self.fused_cpu and cpu.enabled() and isinstance(views.kernel_view(like), np.ndarray)
+
+    def _decode_sum_fused(self, first, second, count, out):
+        k = self.header_floats
+        values = [self._values(_read_floats(code, k, self.scratch) if k else None, out) for code in (first, second)]
+        fused.one_bit_sum_of_two(first[4 * k:], values[0], second[4 * k:], values[1], count, out)
         return True
 
     def vote_of_two(self, first, second, out):

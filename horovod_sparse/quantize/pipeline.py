@@ -28,7 +28,7 @@ return new tensors, and only the codes cross to numpy for MPI. The bits are the 
 """
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -51,13 +51,19 @@ class QuantizeStepInfo:
     step : the step's number (0-based).
     kept : float32 length n, what this rank sent as the receivers decode it (its share
         of the result; new residual = sent - kept), with error feedback; else None.
-        A buffer of the exchange: valid until the next step.
+        Valid until the next step. (Where the encode wrote the residual itself, the step
+        did not write these floats: they are decoded from the step's codes when asked for.)
     traffic : :class:`~horovod_sparse.exchange.Traffic` of this step on this rank.
     """
 
     step: int
-    kept: Any
+    own: Any
     traffic: Traffic
+    decode_own: Optional[Callable[[], Any]] = None
+
+    @property
+    def kept(self):
+        return self.decode_own() if self.own is None and self.decode_own is not None else self.own
 
 
 class QuantizedPipeline(Pipeline):
@@ -117,6 +123,7 @@ class QuantizedPipeline(Pipeline):
         self._exchanges = (self.exchange,)
         self.rank = self.exchange.rank
         self.last: Optional[QuantizeStepInfo] = None
+        self._results = views.ReusedResult(self.n)  # where the exchange writes a CPU step's sum
 
     @property
     def residual(self):
@@ -129,7 +136,7 @@ class QuantizedPipeline(Pipeline):
         return self.memory.momentum_buffer if self.momentum is not None else None
 
     takes_pieces = True  # step 1 reads a step's gradients where they are (no fused copy)
-    fresh_result = True  # the exchange allocates the result at every call (new_empty, or new tensors)
+    fresh_result = True  # a result buffer nobody else holds (ReusedResult), or new tensors
 
     def step(self, grad, tag=0, finite=True):
         """Exchange this step's gradient; return the sum over ranks of what they sent, decoded.
@@ -163,12 +170,15 @@ class QuantizedPipeline(Pipeline):
             pieces = isinstance(g, list)
             acc = self.memory.accumulate_pieces(g) if pieces else self.memory.accumulate(g)   # 1.
             result = self.exchange.allreduce(acc, seed=derive_seed(self.seed, self.step_count), tag=tag,
-                                             want_own=self.error_feedback, finite=finite and all_finite(acc))  # 2.
+                                             want_own=self.error_feedback, finite=finite and all_finite(acc),
+                                             out=self._results.like(acc))  # 2.
             if self.momentum is not None:                                     # 3.
                 self.memory.commit(acc)
             else:
                 self.memory.commit_minus(acc, result.own)
-        self.last = QuantizeStepInfo(self.step_count, result.own, result.traffic)
+        fused_residual = result.own is None and self.error_feedback
+        self.last = QuantizeStepInfo(self.step_count, result.own, result.traffic,
+                                     self.exchange.decoded_own if fused_residual else None)
         self.step_count += 1
         return result.values
 
@@ -223,8 +233,9 @@ class QuantizedPipeline(Pipeline):
                     ok = memory_kernels.copy_finite(view, out[part]) and ok
                 offset = part.stop
         result = self.exchange.allreduce(acc, seed=derive_seed(self.seed, self.step_count), tag=tag,
-                                         want_own=self.error_feedback, finite=finite and ok,
-                                         residual=acc if self.error_feedback else None)
+                                         want_own=False, finite=finite and ok,   # the encode writes the residual
+                                         residual=acc if self.error_feedback else None,
+                                         out=self._results.like(acc))
         if state_name is not None:
             self.memory.commit_spare(state_name)
         return result

@@ -128,6 +128,48 @@ def test_encode_decode_residual_equal_numpy(codec, n, kind):
         assert same(reference[2], x - reference[1])
 
 
+ONE_BIT = [SignCodec(), ScaledSignCodec(), OneBitCodec()]
+
+
+@pytest.mark.parametrize("codec", ONE_BIT, ids=repr)
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_sum_of_two_codes_equals_the_sum_of_their_decodes(codec, n, kind):
+    """The compressed allreduce's P = 2 sum of two 1-bit codes in one pass: the kernel, the numpy
+    path and numpy's own decode(first) + decode(second) give the same bits."""
+    rng = np.random.default_rng(n + 5)
+    first, second = (unaligned_bytes(codec.encode(adversarial(n, rng, kind), seed=1)) for _ in range(2))
+    reference, compiled = both(lambda: codec.decode_sum_of_two(first, second, n, out=unaligned(np.empty(n, np.float32))))
+    with cpu.numpy_only(), np.errstate(all="ignore"):
+        oracle = codec.decode(first, n) + codec.decode(second, n)
+    tensor = codec.decode_sum_of_two(torch.from_numpy(first.copy()), torch.from_numpy(second.copy()), n)
+    assert torch.is_tensor(tensor)
+    for got in (compiled, reference, tensor.numpy()):
+        if kind == "nonfinite":  # NaN + -NaN: which payload an add keeps is the instruction's choice
+            assert same(np.isnan(got), np.isnan(oracle)) and same(got[~np.isnan(got)], oracle[~np.isnan(oracle)])
+        else:                    # (and an overflowed step stops before the exchange)
+            assert same(got, oracle)
+    assert codec.sums_two_codes(np.empty(1, np.float32)) and codec.sums_two_codes(torch.empty(1))
+    with cpu.numpy_only():
+        assert not codec.sums_two_codes(np.empty(1, np.float32))
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=repr)
+def test_residual_without_decoded_floats(codec):
+    """An encode asked for the residual alone (the exchange's chunks nobody decodes): both paths
+    write x - decode(code), as when the decoded floats are asked for too."""
+    x = adversarial(1001, np.random.default_rng(4), "normal")
+
+    def run():
+        residual = np.empty(1001, np.float32)
+        return codec.encode(x, seed=5, residual=residual), residual
+
+    reference, compiled = both(run)
+    assert same(reference[0], compiled[0]) and same(reference[1], compiled[1])
+    with cpu.numpy_only():
+        assert same(reference[1], x - codec.decode(reference[0], 1001))
+
+
 def unaligned_bytes(code):
     base = np.empty(code.size + 1, np.uint8)
     base[1:] = code
@@ -354,3 +396,20 @@ def test_tensorflow_pieces_equal_the_buffer(spec):
             assert all(same(np.atleast_1d(a[k]), np.atleast_1d(b[k])) for k in a)
         else:
             assert same(a, b)
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_result_buffer_is_reused_only_when_released(library):
+    """A step's sum goes into the buffer of the step before once nothing refers to it (no fresh
+    memory to zero per step); a result the caller keeps, or a view of it, is never overwritten."""
+    pipeline = horovod_sparse.create("efsignsgd").make_pipeline(1003, MPI.COMM_SELF)
+    wrap = torch.from_numpy if library == "torch" else (lambda a: a)
+    grad = wrap(np.linspace(-1, 1, 1003, dtype=np.float32))
+    kept = pipeline.step(grad)
+    view, first = kept[10:], np.asarray(kept).copy()
+    del kept
+    second = pipeline.step(grad)
+    assert np.array_equal(np.asarray(view), first[10:])  # a view held: a new buffer
+    address = np.asarray(second).ctypes.data
+    del second, view
+    assert np.asarray(pipeline.step(grad)).ctypes.data == address  # released: reused

@@ -14,7 +14,8 @@ path's, bit for bit (no fast-math: LLVM neither reassociates nor fuses a multipl
   (the counter-based random numbers of :mod:`horovod_sparse.quantize.uniform` computed 2048
   values at a time into a small scratch, not drawn into an n-long buffer), packed, and the
   decoded floats, per bucket;
-* :func:`one_bit_decode`: a 1-bit code to its two values.
+* :func:`one_bit_decode`: a 1-bit code to its two values; :func:`one_bit_sum_of_two`: two
+  such codes to the sum of their values (the compressed allreduce at P = 2).
 
 Callers (the codecs, the pipeline) take these when :func:`horovod_sparse.ops.cpu.enabled`
 and the arrays are numpy (CPU tensors as zero-copy numpy views); else the numpy code, the
@@ -29,7 +30,7 @@ Example::
 """
 import numpy as np
 
-from horovod_sparse.ops.cpu import inlined, jit
+from horovod_sparse.ops.cpu import inlined, jit, negative_bits64
 
 _BLOCK = 4096               # values per block of a two-loop kernel (in L1)
 _STREAM_LEVELS = 2          # tree rounds done in L1: 2**2 streams of x read side by side (measured best)
@@ -209,17 +210,18 @@ def _signs_of(xs, lanes):
 def sign_encode(x, out, values, decoded, residual):
     """The 1-bit sign code of x into ``out`` (bit 1 where x < 0, LSB first: :mod:`.bitpack`);
     ``decoded`` (if not empty) = values[bit]; ``residual`` (if not empty) = x - values[bit].
+    x: C-contiguous.
 
     Replaces :func:`horovod_sparse.quantize.codecs._negative_bits` + ``pack_into`` (np.packbits)
     + ``decode_small_codes`` of the code + the pipeline's commit subtract: one pass, 64 values
-    at a time (a word of bits, then vectorised selects)."""
+    at a time (a word of bits by one vector compare, then vectorised selects)."""
     n = x.shape[0]
     want_decoded, want_residual = decoded.shape[0] > 0, residual.shape[0] > 0
     v0, v1 = values[0], values[1]
     for w0 in range(0, n, 64):
         lanes = min(64, n - w0)
         xs = x[w0:w0 + lanes]
-        mask = _signs_of(xs, lanes)
+        mask = negative_bits64(x, w0) if lanes == 64 else _signs_of(xs, lanes)
         o = out[w0 // 8:w0 // 8 + (lanes + 7) // 8]
         for q in range((lanes + 7) // 8):
             o[q] = np.uint8((mask >> np.uint64(8 * q)) & np.uint64(0xFF))
@@ -233,6 +235,15 @@ def sign_encode(x, out, values, decoded, residual):
                 rs[b] = xs[b] - (v1 if xs[b] < 0 else v0)
 
 
+@inlined
+def _word(data, w0, lanes):
+    """The bits of values w0 .. w0 + lanes - 1 of a 1-bit code (LSB first) as one uint64."""
+    word = np.uint64(0)
+    for q in range((lanes + 7) // 8):
+        word |= np.uint64(data[w0 // 8 + q]) << np.uint64(8 * q)
+    return word
+
+
 @jit
 def one_bit_decode(data, count, values, out):
     """out[i] = values[bit i of data] for the first ``count`` bits (LSB first).
@@ -240,30 +251,42 @@ def one_bit_decode(data, count, values, out):
     v0, v1 = values[0], values[1]
     for w0 in range(0, count, 64):                 # 64 values a word: the select loop vectorises
         lanes = min(64, count - w0)
-        word = np.uint64(0)
-        for q in range((lanes + 7) // 8):
-            word |= np.uint64(data[w0 // 8 + q]) << np.uint64(8 * q)
+        word = _word(data, w0, lanes)
         os = out[w0:w0 + lanes]
         for b in range(lanes):
             os[b] = v1 if (word >> np.uint64(b)) & np.uint64(1) else v0
 
 
 @jit
+def one_bit_sum_of_two(first, first_values, second, second_values, count, out):
+    """out[i] = first_values[bit i of first] + second_values[bit i of second] (float32, that
+    order) for the first ``count`` bits: two 1-bit codes decoded and added in one pass, where
+    :func:`one_bit_decode` twice and an add write and read two float buffers."""
+    a0, a1, b0, b1 = first_values[0], first_values[1], second_values[0], second_values[1]
+    for w0 in range(0, count, 64):
+        lanes = min(64, count - w0)
+        first_word, second_word = _word(first, w0, lanes), _word(second, w0, lanes)
+        os = out[w0:w0 + lanes]
+        for b in range(lanes):
+            a = a1 if (first_word >> np.uint64(b)) & np.uint64(1) else a0
+            c = b1 if (second_word >> np.uint64(b)) & np.uint64(1) else b0
+            os[b] = a + c
+
+
+@jit
 def max_magnitude(x, scale):
     """scale[0] = max(|min x|, |max x|) of a non-empty float32 x: TernGradCodec's scale
-    (numpy's min and max, then abs and maximum). A NaN anywhere gives |NaN|: the first NaN
-    with its sign cleared (numpy's min/max propagate NaN; with several NaNs of different
-    payloads numpy may carry another one's: only the NaN header's payload could differ)."""
-    low, high = x[0], x[0]
-    for i in range(x.shape[0]):
-        v = x[i]
-        if v != v:
-            scale[0] = abs(v)
-            return
-        low = v if v < low else low
-        high = v if v > high else high
-    low, high = abs(low), abs(high)
-    scale[0] = high if high > low else low
+    (numpy's min and max, then abs and maximum). As integers, the bits of |v| (sign cleared)
+    order as the magnitudes do, +-0 give 0 and a NaN is above inf: so an integer maximum
+    (a reduction LLVM vectorises, where a float one with NaN rules stays scalar) is the
+    answer. A NaN anywhere gives |NaN| (numpy's min/max propagate NaN; with several NaNs of
+    different payloads the two may carry different ones: only the NaN header's payload)."""
+    bits = x.view(np.uint32)
+    top = np.uint32(0)
+    for i in range(bits.shape[0]):
+        m = bits[i] & np.uint32(0x7FFFFFFF)
+        top = m if m > top else top
+    scale.view(np.uint32)[0] = top
 
 
 # -------------------------------------------------------------- stochastic levels

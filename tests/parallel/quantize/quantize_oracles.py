@@ -64,7 +64,7 @@ class ExchangeOracle:
                                        for r in range(P)], hi - lo)
             if self.majority:
                 total = vote(total)
-            if P == 2:  # documented: no owners' re-encoding at P = 2 (the sum is quantized once)
+            if P <= 2:  # documented: no owners' re-encoding at P = 1 and 2 (the sum is quantized once)
                 out.append(total)
                 continue
             if self.server is not None:

@@ -16,6 +16,7 @@ from quantize_oracles import RANK, SIZE, ExchangeOracle, gather_rows, payload_by
 
 from horovod_sparse.exchange import ExchangeError
 from horovod_sparse.exchange.compressed import CompressedAllreduce
+from horovod_sparse.exchange.seeds import derive_seed
 from horovod_sparse.quantize.codecs import (BF16Codec, OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec,
                                             TernGradCodec)
 
@@ -96,6 +97,17 @@ def test_single_rank_communicator():
                 np.testing.assert_array_equal(res.values, oracle(x[None, :], 5))
                 if codec.aggregate == "majority":
                     np.testing.assert_array_equal(res.values, np.where(x >= 0, 1, -1))
+    # the sum is quantized once, as at P = 2: this rank's code decoded, no owner's re-encoding
+    # (its server residual, on by default with error feedback, stays zero)
+    for codec in [c for c in CODECS if c.aggregate == "sum"]:
+        with CompressedAllreduce(100, codec, "alltoall", comm=MPI.COMM_SELF, server_error_feedback=True) as ex:
+            for call in range(2):
+                res = ex.allreduce(x, seed=5 + call, want_own=call == 0)
+                expected = codec.roundtrip(x, derive_seed(5 + call, 0, 0))
+                np.testing.assert_array_equal(bits(res.values), bits(expected))
+                np.testing.assert_array_equal(bits(ex.decoded_own()), bits(expected))
+                assert res.own is None if call else np.array_equal(bits(res.own), bits(expected))
+            assert not ex.server_residual.any()
 
 
 # ------------------------------------------------------------- agreement
