@@ -119,15 +119,19 @@ class ValueCodec:
                 self._decode(*args)
         return out
 
+    #: True where :meth:`_decode_sum_fused` has compiled kernels
+    sums_codes_fused = False
+
     def sums_two_codes(self, like):
-        """Whether :meth:`decode_sum_of_two` runs one compiled pass over both codes for arrays
+        """Whether :meth:`decode_sum_of_two` runs compiled kernels over both codes for arrays
         like ``like`` (so a caller need not keep either side's decoded floats)."""
-        return False
+        return self.sums_codes_fused and _fusable(self, _kernel(like))
 
     def decode_sum_of_two(self, first, second, count, out=None):
         """``out = decode(first) + decode(second)`` in float32, that order (``count`` values
-        each; numpy or torch ``out``). One pass over both codes where :meth:`sums_two_codes`,
-        else two decodes and an add."""
+        each; numpy or torch ``out``). By compiled kernels where :meth:`sums_two_codes` (one
+        pass for a 1-bit code; the levels decode the first, then add the second's values as
+        they decode it), else two decodes and an add."""
         first, second = as_bytes(first), as_bytes(second)
         out = self._value_buffer(out, count, first)
         if not (_fusable(self, _kernel(first), _kernel(second), _kernel(out))

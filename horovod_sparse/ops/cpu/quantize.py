@@ -453,17 +453,23 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
 
 
 @jit
-def levels_decode(data, count, scales, bucket, levels, bits, out):
+def levels_decode(data, count, scales, bucket, levels, bits, out, add):
     """out = (code - s) * (S / s) for the ``count`` codes packed in ``data`` (after the header),
-    bucket by bucket. Replaces unpack_into + _values (or the lookup table of TernGrad)."""
+    bucket by bucket; with ``add``, out = out + that (a second code's values added to the
+    first's: the exchange's sum of two codes at P = 2, in that order). Replaces unpack_into +
+    _values (or the lookup table of TernGrad)."""
     s = np.float32(levels)
     if bits == 8:                          # a code per byte: bucket by bucket, vectorised
         for b in range((count + bucket - 1) // bucket):
             lo, hi = b * bucket, min(count, (b + 1) * bucket)
             step = scales[b] / s
             codes, values = data[lo:hi], out[lo:hi]
-            for t in range(hi - lo):
-                values[t] = (np.float32(codes[t]) - s) * step
+            if add:
+                for t in range(hi - lo):
+                    values[t] = values[t] + (np.float32(codes[t]) - s) * step
+            else:
+                for t in range(hi - lo):
+                    values[t] = (np.float32(codes[t]) - s) * step
         return
     mask = np.uint64((1 << bits) - 1)
     step = np.float32(0)
@@ -483,7 +489,8 @@ def levels_decode(data, count, scales, bucket, levels, bits, out):
             step = scales[(8 * g) // bucket] / s
             os = out[8 * g:8 * g + lanes]
             for k in range(lanes):
-                os[k] = (np.float32((low >> np.uint64(k * bits)) & mask) - s) * step
+                v = (np.float32((low >> np.uint64(k * bits)) & mask) - s) * step
+                os[k] = os[k] + v if add else v
             continue
         for k in range(lanes):
             i = 8 * g + k
@@ -496,4 +503,5 @@ def levels_decode(data, count, scales, bucket, levels, bits, out):
                 code = (high >> np.uint64(shift - 64)) & mask
             else:
                 code = ((low >> np.uint64(shift)) | (high << np.uint64(64 - shift))) & mask
-            out[i] = (np.float32(code) - s) * step
+            v = (np.float32(code) - s) * step
+            out[i] = out[i] + v if add else v
