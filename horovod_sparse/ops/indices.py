@@ -13,6 +13,8 @@ import sys
 
 import numpy as np
 
+from horovod_sparse.ops import cpu
+from horovod_sparse.ops.cpu.sparsify import sorted_membership
 from horovod_sparse.ops.namespace import backend, is_tensorflow, is_torch
 from horovod_sparse.ops.views import numpy_view
 
@@ -52,7 +54,8 @@ def take(x, indices):
 
 def isin_sorted(a, b):
     """Bool mask over ``a``: which entries are in ``b`` (both 1-D, sorted, unique, same
-    library/device). numpy's kernel on CPU (~3x faster than torch.isin on one thread)."""
+    library/device). On the CPU a compiled merge (:func:`~horovod_sparse.ops.cpu.sparsify.sorted_membership`),
+    or numpy's kernel (~3x faster than torch.isin on one thread)."""
     if is_tensorflow(a):  # b sorted: a binary search per entry of a
         tf = sys.modules["tensorflow"]
         if int(b.shape[0]) == 0:
@@ -62,7 +65,11 @@ def isin_sorted(a, b):
     a_view, b_view = numpy_view(a), numpy_view(b)
     if a_view is None or b_view is None:
         return sys.modules["torch"].isin(a, b, assume_unique=True)
-    found = np.isin(a_view, b_view, assume_unique=True)
+    if cpu.enabled():  # one merge of the two sorted arrays
+        found = np.empty(a_view.shape[0], np.bool_)
+        sorted_membership(a_view, b_view, found)
+    else:
+        found = np.isin(a_view, b_view, assume_unique=True)
     return sys.modules["torch"].from_numpy(found) if is_torch(a) else found
 
 

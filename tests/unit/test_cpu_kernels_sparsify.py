@@ -186,3 +186,21 @@ def test_take_top_equals_numpys_compare_and_compaction(size, k, distinct):
     with cpu.numpy_only():
         want = _top_of_candidates(index, keys, kth, k)
     assert got.size == k and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_sorted_membership_equals_numpy_isin(seed):
+    """The local selection against the global one (Ok-Topk, gTop-k): the compiled merge and
+    numpy's isin, on sorted unique indices of both widths, empty sides and full overlap."""
+    from horovod_sparse.ops.indices import isin_sorted
+    rng = np.random.default_rng(seed)
+    cases = [(np.unique(rng.integers(0, 2000, rng.integers(0, 500))), np.unique(rng.integers(0, 2000, rng.integers(0, 500))))
+             for _ in range(20)]
+    cases += [(np.arange(0), np.arange(5)), (np.arange(5), np.arange(0)), (np.arange(7), np.arange(7))]
+    for a, b in cases:
+        for b_cast in (b, b.astype(np.int32)):
+            expected = np.isin(a, b_cast)
+            with cpu.numpy_only():
+                assert np.array_equal(isin_sorted(a, b_cast), expected)
+            assert np.array_equal(isin_sorted(a, b_cast), expected)
+            assert np.array_equal(isin_sorted(torch.from_numpy(a), torch.from_numpy(b_cast)).numpy(), expected)
