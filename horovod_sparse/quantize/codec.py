@@ -134,7 +134,7 @@ class ValueCodec:
         they decode it), else two decodes and an add."""
         first, second = as_bytes(first), as_bytes(second)
         out = self._value_buffer(out, count, first)
-        if not (_fusable(self, _kernel(first), _kernel(second), _kernel(out))
+        if not (self.sums_codes_fused and _fusable(self, _kernel(first), _kernel(second), _kernel(out))
                 and self._decode_sum_fused(_kernel(first), _kernel(second), count, _kernel(out))):
             spare = namespace.new_empty(count, "float32", first)
             self.decode(first, count, out=out)
@@ -143,7 +143,8 @@ class ValueCodec:
         return out
 
     def _decode_sum_fused(self, first, second, count, out):
-        """:meth:`decode_sum_of_two` by one compiled kernel; False where it does not apply."""
+        """:meth:`decode_sum_of_two` by compiled kernels (only where :attr:`sums_codes_fused`);
+        False where it does not apply."""
         return False
 
     def _encode_fused(self, x, seed, out, decoded, residual):

@@ -176,9 +176,8 @@ class QuantizedPipeline(Pipeline):
                 self.memory.commit(acc)
             else:
                 self.memory.commit_minus(acc, result.own)
-        fused_residual = result.own is None and self.error_feedback
         self.last = QuantizeStepInfo(self.step_count, result.own, result.traffic,
-                                     self.exchange.decoded_own if fused_residual else None)
+                                     self.exchange.decoded_own if self.error_feedback else None)
         self.step_count += 1
         return result.values
 

@@ -412,3 +412,13 @@ def test_result_buffer_is_reused_only_when_released(library):
     address = np.asarray(second).ctypes.data
     del second, view
     assert np.asarray(pipeline.step(grad)).ctypes.data == address  # released: reused
+
+
+def test_levels_decode_adds_only_into_8_bit_codes():
+    """The packed widths keep their decoded floats (their sums of two codes are not compiled):
+    asked to add, their decode refuses rather than overwrite."""
+    codec = QSGDCodec()  # 5 bits
+    code = codec.encode(np.ones(64, np.float32), seed=1)
+    scales = np.ones(1, np.float32)
+    with pytest.raises(ValueError, match="8-bit"):
+        fused.levels_decode(code[4:], 64, scales, 64, codec.levels, codec.bits, np.zeros(64, np.float32), True)

@@ -455,9 +455,12 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
 @jit
 def levels_decode(data, count, scales, bucket, levels, bits, out, add):
     """out = (code - s) * (S / s) for the ``count`` codes packed in ``data`` (after the header),
-    bucket by bucket; with ``add``, out = out + that (a second code's values added to the
-    first's: the exchange's sum of two codes at P = 2, in that order). Replaces unpack_into +
-    _values (or the lookup table of TernGrad)."""
+    bucket by bucket; with ``add`` (8-bit codes, the one width whose sums of two codes are
+    compiled), out = out + that (a second code's values added to the first's: the exchange's
+    sum of two codes at P = 2, in that order). Replaces unpack_into + _values (or the lookup
+    table of TernGrad)."""
+    if add and bits != 8:
+        raise ValueError("levels_decode adds into out for 8-bit codes only")
     s = np.float32(levels)
     if bits == 8:                          # a code per byte: bucket by bucket, vectorised
         for b in range((count + bucket - 1) // bucket):
@@ -489,8 +492,7 @@ def levels_decode(data, count, scales, bucket, levels, bits, out, add):
             step = scales[(8 * g) // bucket] / s
             os = out[8 * g:8 * g + lanes]
             for k in range(lanes):
-                v = (np.float32((low >> np.uint64(k * bits)) & mask) - s) * step
-                os[k] = os[k] + v if add else v
+                os[k] = (np.float32((low >> np.uint64(k * bits)) & mask) - s) * step
             continue
         for k in range(lanes):
             i = 8 * g + k
@@ -503,5 +505,4 @@ def levels_decode(data, count, scales, bucket, levels, bits, out, add):
                 code = (high >> np.uint64(shift - 64)) & mask
             else:
                 code = ((low >> np.uint64(shift)) | (high << np.uint64(64 - shift))) & mask
-            v = (np.float32(code) - s) * step
-            out[i] = out[i] + v if add else v
+            out[i] = (np.float32(code) - s) * step
