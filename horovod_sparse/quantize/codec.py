@@ -129,9 +129,8 @@ class ValueCodec:
 
     def decode_sum_of_two(self, first, second, count, out=None):
         """``out = decode(first) + decode(second)`` in float32, that order (``count`` values
-        each; numpy or torch ``out``). By compiled kernels where :meth:`sums_two_codes` (one
-        pass for a 1-bit code; the levels decode the first, then add the second's values as
-        they decode it), else two decodes and an add."""
+        each; numpy or torch ``out``). In one compiled pass where :meth:`sums_two_codes` (the
+        1-bit codes), else two decodes and an add."""
         first, second = as_bytes(first), as_bytes(second)
         out = self._value_buffer(out, count, first)
         if not (self.sums_codes_fused and _fusable(self, _kernel(first), _kernel(second), _kernel(out))

@@ -368,26 +368,13 @@ class _StochasticLevels(ValueCodec):
         """Fill ``scales`` before the encode pass, or return True: the pass computes them."""
         raise NotImplementedError
 
-    def _decode_fused(self, data, count, out, add=False):
+    def _decode_fused(self, data, count, out):
         if count == 0:
             return False
         scales = _read_floats(data, self._buckets(count), self.scratch)
         fused.levels_decode(data[4 * scales.shape[0]:], count, scales, self._bucket(count), self.levels,
-                            self.bits, out, add)
+                            self.bits, out)
         return True
-
-    @property
-    def sums_codes_fused(self):
-        """8-bit codes only: their decode is a vectorised pass at the memory's speed, so decoding
-        this rank's code again beats writing its floats in the encode and reading them back;
-        the packed widths decode 8 codes at a time in a scalar loop, slower than that
-        (bench_step, the 19M-parameter LM at P = 2: 8 bits 130 -> 120 ms after backward; 5 bits
-        146 -> 172, TernGrad's 2 bits 135 -> 161)."""
-        return self.bits == 8
-
-    def _decode_sum_fused(self, first, second, count, out):
-        """The first code decoded into ``out``, the second's values added in its decode pass."""
-        return count == 0 or (self._decode_fused(first, count, out) and self._decode_fused(second, count, out, add=True))
 
     def _codes(self, y, count, scratch):
         """trunc(y) as the codes (numpy, torch: a zero-padded scratch buffer of :func:`code_dtype`

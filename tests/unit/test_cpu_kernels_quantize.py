@@ -132,8 +132,8 @@ def test_encode_decode_residual_equal_numpy(codec, n, kind):
 @pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_sum_of_two_codes_equals_the_sum_of_their_decodes(codec, n, kind):
-    """The compressed allreduce's P = 2 sum of two codes (a 1-bit code's in one pass, the levels'
-    second decode adding into the first's): the kernels, the numpy path and numpy's own
+    """The compressed allreduce's P = 2 sum of two codes (a 1-bit code's in one compiled pass, the
+    levels' by two decodes and an add): the kernels, the numpy path and numpy's own
     decode(first) + decode(second) give the same bits."""
     rng = np.random.default_rng(n + 5)
     first, second = (unaligned_bytes(codec.encode(adversarial(n, rng, kind), seed=1)) for _ in range(2))
@@ -147,7 +147,7 @@ def test_sum_of_two_codes_equals_the_sum_of_their_decodes(codec, n, kind):
             assert same(np.isnan(got), np.isnan(oracle)) and same(got[~np.isnan(got)], oracle[~np.isnan(oracle)])
         else:                    # (and an overflowed step stops before the exchange)
             assert same(got, oracle)
-    fused_here = isinstance(codec, SignCodec) or codec.bits == 8  # the levels' packed widths: two decodes and an add
+    fused_here = isinstance(codec, SignCodec)  # the levels: two decodes and an add
     assert codec.sums_two_codes(np.empty(1, np.float32)) == codec.sums_two_codes(torch.empty(1)) == fused_here
     with cpu.numpy_only():
         assert not codec.sums_two_codes(np.empty(1, np.float32))
@@ -413,12 +413,3 @@ def test_result_buffer_is_reused_only_when_released(library):
     del second, view
     assert np.asarray(pipeline.step(grad)).ctypes.data == address  # released: reused
 
-
-def test_levels_decode_adds_only_into_8_bit_codes():
-    """The packed widths keep their decoded floats (their sums of two codes are not compiled):
-    asked to add, their decode refuses rather than overwrite."""
-    codec = QSGDCodec()  # 5 bits
-    code = codec.encode(np.ones(64, np.float32), seed=1)
-    scales = np.ones(1, np.float32)
-    with pytest.raises(ValueError, match="8-bit"):
-        fused.levels_decode(code[4:], 64, scales, 64, codec.levels, codec.bits, np.zeros(64, np.float32), True)

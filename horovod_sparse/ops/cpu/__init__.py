@@ -132,7 +132,7 @@ def _mask_intrinsic():
     C-contiguous float32 ``x`` holding start + 64 values. One vector load, one ordered compare
     (NaN and -0 give 0, as numpy's ``x < 0``) and the 64 results taken as the bits of an
     integer: LLVM's movemask (or AVX-512's mask register), where a loop of 64 shifts and ORs
-    stays scalar. How the sign codes pack their bits (3x faster than that loop)."""
+    stays scalar. How the sign codes pack their bits (``studies/time_kernels.py``)."""
     if numba is None:
         return None
     from llvmlite import ir

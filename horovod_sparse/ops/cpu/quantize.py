@@ -453,26 +453,17 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
 
 
 @jit
-def levels_decode(data, count, scales, bucket, levels, bits, out, add):
+def levels_decode(data, count, scales, bucket, levels, bits, out):
     """out = (code - s) * (S / s) for the ``count`` codes packed in ``data`` (after the header),
-    bucket by bucket; with ``add`` (8-bit codes, the one width whose sums of two codes are
-    compiled), out = out + that (a second code's values added to the first's: the exchange's
-    sum of two codes at P = 2, in that order). Replaces unpack_into + _values (or the lookup
-    table of TernGrad)."""
-    if add and bits != 8:
-        raise ValueError("levels_decode adds into out for 8-bit codes only")
+    bucket by bucket. Replaces unpack_into + _values (or the lookup table of TernGrad)."""
     s = np.float32(levels)
     if bits == 8:                          # a code per byte: bucket by bucket, vectorised
         for b in range((count + bucket - 1) // bucket):
             lo, hi = b * bucket, min(count, (b + 1) * bucket)
             step = scales[b] / s
             codes, values = data[lo:hi], out[lo:hi]
-            if add:
-                for t in range(hi - lo):
-                    values[t] = values[t] + (np.float32(codes[t]) - s) * step
-            else:
-                for t in range(hi - lo):
-                    values[t] = (np.float32(codes[t]) - s) * step
+            for t in range(hi - lo):
+                values[t] = (np.float32(codes[t]) - s) * step
         return
     mask = np.uint64((1 << bits) - 1)
     step = np.float32(0)

@@ -142,7 +142,7 @@ def take_top(cand_index, cand_key, kth, k, out):
 def sorted_membership(a, b, out):
     """``out[i] = a[i] in b`` for sorted unique 1-D integer arrays (one merge of the two, O(|a| +
     |b|)): Ok-Topk's and gTop-k's local selection against the global one (step 5 of a sparse
-    step). What ``np.isin`` finds by sorting both again (9.1 against 2.6 ms at k = 250,000)."""
+    step). What ``np.isin`` finds by sorting both again (5.1 against 2.4 ms at 258,610 indices: ``studies/time_kernels.py``)."""
     j, m = 0, b.shape[0]
     for i in range(a.shape[0]):
         v = a[i]
