@@ -25,6 +25,11 @@ can be told apart.
 
 Rank 0 prints a table and appends one JSON object per algorithm to ``--out``.
 
+``--pingpong`` times MPI's own cost of one small message instead (the cost model's alpha,
+:mod:`horovod_sparse.whatif.exchange_cost`, which timed exchanges hardly tell from the work
+around it): ranks 0 and 1 bounce one int64 ``--repeats`` x 500 times; the record
+(``"kind": "pingpong"``) holds the median one-way time.
+
 ``--report RECORDS.jsonl`` (no MPI) reads such records back and prints, per algorithm and P,
 the counted volume per rank and call against the closed forms of
 :mod:`horovod_sparse.whatif.volumes`, from (n, k, P) alone and fed the data of
@@ -158,6 +163,8 @@ def parse_args(argv=None):
                         "data for the data-fed closed forms)")
     p.add_argument("--step", type=int, default=None,
                    help="which recorded step of --selections (default: the first)")
+    p.add_argument("--pingpong", action="store_true",
+                   help="time one small message between ranks 0 and 1 instead (the model's alpha)")
     p.add_argument("--report", default=None, metavar="RECORDS.jsonl",
                    help="no MPI: tabulate and plot counted volumes against the closed forms")
     p.add_argument("--plot", default=None, help="with --report: save the plot here (.png)")
@@ -205,6 +212,42 @@ def bench_one(make, algorithm, idx, vals, args, comm):
             float(np.mean(payload)), calls)
     per_rank = comm.gather(mine, root=0)
     return times, per_rank, nnz, err
+
+
+def pingpong(comm, args, rate, bounces=500):
+    """Ranks 0 and 1 bounce one int64 ``bounces`` times per repeat (the others wait): the
+    median one-way seconds of a small message, appended to ``--out`` by rank 0."""
+    rank = comm.Get_rank()
+    if comm.Get_size() < 2:
+        print("--pingpong needs at least 2 ranks", file=sys.stderr)
+        return 2
+    mine, other = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    times = []
+    for _ in range(args.warmup + args.repeats):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(bounces if rank < 2 else 0):
+            if rank == 0:
+                comm.Send(mine, 1, 7)
+                comm.Recv(other, 1, 7)
+            else:
+                comm.Recv(other, 0, 7)
+                comm.Send(mine, 0, 7)
+        times.append((time.perf_counter() - t0) / (2 * bounces))
+    times = times[args.warmup:]
+    if rank == 0:
+        rec = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               "kind": "pingpong", "P": comm.Get_size(), "rate": rate, "bytes": 8, "bounces": bounces,
+               "times_s": [round(t, 9) for t in times], "median_s": statistics.median(times),
+               "host": socket.gethostname(), "cpus": os.cpu_count(),
+               "mpi": MPI.Get_library_version().strip("\x00 \n").splitlines()[0],
+               "command": shlex.join([os.path.relpath(sys.argv[0], _REPO)] + sys.argv[1:])}
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        print(f"[bench] pingpong rate={rate}: one small message {rec['median_s'] * 1e6:.1f} us (median)", flush=True)
+    return 0
 
 
 def per_call_record(per_rank):
@@ -263,6 +306,8 @@ def main(argv=None):
                 print(msg, file=sys.stderr)
             return 2
     rate = args.rate or os.environ.get(RATE_ENV, "unknown")
+    if args.pingpong:
+        return pingpong(comm, args, rate)
     t_in = time.perf_counter()
     inputs = "uniform random"
     if args.selections:

@@ -7,8 +7,9 @@
         --plot docs/results/oktopk-scale-predicted.png --page docs/results/oktopk-scale.md
 
 Per link (the records' ``rate``): :func:`horovod_sparse.whatif.exchange_cost.fit` of the
-per-message, per-byte and per-byte-received costs from every record of that link, the
-predicted against the measured time of each (algorithm, P), then, with the 10 Gbit/s fit's
+per-call, per-message and per-byte-received costs from every record of that link (the bytes
+sent charged at the link's nominal rate, ``--fit-bandwidth`` to fit it too), the predicted
+against the measured time of each (algorithm, P), then, with the 10 Gbit/s fit's per-call,
 per-message and local costs on nominal 10, 25 and 100 Gbit/s links, one exchange at
 P = 16-1024 for a BERT-base-sized gradient and the two workloads' sizes (density 0.01), the P
 from which Ok-Topk is faster than each other algorithm, and one training step of the shipped
@@ -43,11 +44,17 @@ TRACES = ("resnet50", "vgg16")
 
 
 def load_records(paths):
+    """(exchange records, ping-pong records) of the files."""
     out = []
     for path in paths:
         with open(path) as f:
             out += [json.loads(line) for line in f if line.strip()]
-    return [r for r in out if r.get("per_call")]
+    return [r for r in out if r.get("per_call")], [r for r in out if r.get("kind") == "pingpong"]
+
+
+def measured_alpha(pingpongs):
+    """MPI's one-way time of a small message: the median over the ping-pong records (None without)."""
+    return float(np.median([r["median_s"] for r in pingpongs])) if pingpongs else None
 
 
 def by_link(records):
@@ -71,25 +78,47 @@ def overlap_trend(selections, step, Ps=(2, 4, 8, 16, 32)):
     return ec.Overlap.fitted(unions, k), unions
 
 
-def fit_section(links, step=None):
-    """Joint fit over the links (a bandwidth per link; alpha and every gamma_a shared), with the
-    emulated links' token-bucket burst; and, for comparison, each link alone."""
-    mine = {rate: [r for r in recs if step is None or r.get("selections_step") == step]
+def fit_section(links, step=None, fit_bandwidth=False, alpha=None, uniform=True):
+    """Joint fit over the links (the per-call and per-message costs and every gamma_a shared;
+    each link's bytes at its nominal rate, or a bandwidth fitted per link), with the emulated
+    links' token-bucket burst; and, for comparison, each link alone."""
+    steps = (step, None) if uniform else (step,)
+    mine = {rate: [r for r in recs if step is None or r.get("selections_step") in steps]
             for rate, recs in links.items()}
-    joint = ec.fit_links(mine, burst_bytes=ec.NETEM_BURST_BYTES)
-    own = {rate: ec.fit(recs, burst_bytes=ec.NETEM_BURST_BYTES) for rate, recs in mine.items()}
-    head = ("| fit | link | records | alpha: per message (us) | beta: per byte sent (ns) = Gbit/s | "
-            + " | ".join(f"gamma {LABELS[a]} (ns/B received)" for a in ORDER) + " |")
+    nominal = None if fit_bandwidth else {rate: _gbps(rate) * 1e9 for rate in mine}
+    joint = ec.fit_links(mine, burst_bytes=ec.NETEM_BURST_BYTES, bandwidth_bps=nominal, latency_s=alpha)
+    own = {rate: ec.fit(recs, burst_bytes=ec.NETEM_BURST_BYTES, bandwidth_bps=nominal and nominal[rate],
+                        latency_s=alpha)
+           for rate, recs in mine.items()}
+    sparse = [a for a in ORDER if a != "dense"]
+    head = ("| fit | link | records | per call (us) | alpha: per message (us) | beta: per byte sent (ns) = Gbit/s | "
+            + " | ".join(f"gamma {LABELS[a]} (ns/B received)" for a in ORDER) + " | "
+            + " | ".join(f"kappa {LABELS[a]} (ns/entry)" for a in sparse) + " |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for label, fits in (("joint", joint), ("this link alone", own)):
         for rate, c in fits.items():
             bw = "no cost (burst covers it)" if c.beta_s == 0 else f"{c.beta_s * 1e9:.3f} = {c.network.gbps:.2f}"
-            lines.append(f"| {label} | {rate} | {len(mine[rate])} | {c.alpha_s * 1e6:.1f} | {bw} | "
-                         + " | ".join(f"{c.local_s_per_byte.get(a, 0.0) * 1e9:.3f}" for a in ORDER) + " |")
+            if nominal:
+                bw += " (nominal)"
+            lines.append(f"| {label} | {rate} | {len(mine[rate])} | {c.call_s * 1e6:.0f} | {c.alpha_s * 1e6:.1f}"
+                         f"{' (measured)' if alpha is not None else ''} | {bw} | "
+                         + " | ".join(f"{c.local_s_per_byte.get(a, 0.0) * 1e9:.3f}" for a in ORDER) + " | "
+                         + " | ".join(f"{c.local_s_per_selected.get(a, 0.0) * 1e9:.1f}" for a in sparse) + " |")
     return "\n".join(lines) + "\n", joint, own
 
 
-def validation_section(links, fits, own):
+def _step(record):
+    """Sort key: the recorded step, synthetic records (no recorded selections) last."""
+    step = record.get("selections_step")
+    return 10**9 if step is None else step
+
+
+def _step_label(record):
+    step = record.get("selections_step")
+    return f"uniform, n = {record['n'] / 1e6:.1f}M" if step is None else step
+
+
+def validation_section(links, fits, own, fit_step=None, uniform=True):
     lines = ["| link | step | algorithm | P | ranks per core | messages (critical) | MB sent (critical) | "
              "MB received (busiest) | measured ms (median) | min-max ms | predicted ms (joint fit) | error | "
              "predicted (link alone) | error |",
@@ -98,37 +127,46 @@ def validation_section(links, fits, own):
     for rate, recs in links.items():
         rows = ec.validation(recs, fits[rate])
         alone = {id(r): (p, e) for r, p, _, e in ec.validation(recs, own[rate])}
-        rows.sort(key=lambda x: (x[0].get("selections_step") or 0, ORDER.index(x[0]["algorithm"]), x[0]["P"]))
+        rows.sort(key=lambda x: (_step(x[0]), ORDER.index(x[0]["algorithm"]), x[0]["P"]))
         for rec, p, m, e in rows:
             f = ec.features(rec)
             p2, e2 = alone[id(rec)]
-            errors.append((rate, rec.get("selections_step"), rec["algorithm"], rec["P"], e))
-            lines.append(f"| {rate} | {rec.get('selections_step')} | {LABELS[rec['algorithm']]} | {rec['P']} | "
-                         f"{f.oversubscription:g} | {f.messages:.0f} | {f.bytes_sent / 1e6:.3f} | "
+            errors.append((rate, _step_label(rec), rec["algorithm"], rec["P"], e))
+            lines.append(f"| {rate} | {_step_label(rec)} | {LABELS[rec['algorithm']]} | {rec['P']} | "
+                         f"{f.oversubscription:g} | {f.messages:.0f} | {(f.bytes_sent + f.chain_bytes) / 1e6:.3f} | "
                          f"{f.bytes_received / 1e6:.3f} | {m * 1e3:.1f} | "
                          f"{rec['min_s'] * 1e3:.1f}-{rec['max_s'] * 1e3:.1f} | {p * 1e3:.1f} | {e:+.0%} | "
                          f"{p2 * 1e3:.1f} | {e2:+.0%} |")
     lines.append("")
-    for step in sorted({x[1] for x in errors}, key=lambda s: s or 0):
+    for step in sorted({x[1] for x in errors}, key=lambda s: (isinstance(s, str), str(s).zfill(6))):
         for rate in links:
             mine = [x for x in errors if x[1] == step and x[0] == rate]
             if not mine:
                 continue
             within = sum(1 for *_, e in mine if abs(e) <= 0.2)
             miss = ", ".join(f"{LABELS[a]} P = {P} ({e:+.0%})" for _, _, a, P, e in mine if abs(e) > 0.2)
-            lines.append(f"joint fit, {rate}, recorded step {step}: {within} of {len(mine)} within 20%, mean "
+            what = f"recorded step {step}" if isinstance(step, int) else f"{step.replace('uniform', 'uniform inputs')}"
+            fitted = fit_step is None or step == fit_step or (uniform and not isinstance(step, int))
+            what += " (in the fit)" if fitted else " (out of sample)"
+            lines.append(f"joint fit, {rate}, {what}: {within} of {len(mine)} within 20%, mean "
                          f"|error| {np.mean([abs(e) for *_, e in mine]):.0%}; outside 20%: {miss or 'none'}  ")
     return "\n".join(lines) + "\n", errors
 
 
-def prediction_tables(base, overlap, low_alpha=25e-6):
-    out, sweeps, low = [], {}, {}
+#: other costs per message the crossovers are repeated with: the what-if model's default, and
+#: what a message cost where an engine's work per peer is charged to it (the fit of 2026-11-26)
+OTHER_ALPHAS = (25e-6, 150e-6)
+
+
+def prediction_tables(base, overlap, alpha_label="alpha", other_alphas=OTHER_ALPHAS):
+    out, sweeps, others = [], {}, {a: {} for a in other_alphas}
     for gbps in LINKS:
         cost = base.on_link(gbps)
         for name, n in MODELS.items():
             k = int(round(0.01 * n))
             sweeps[(gbps, name)] = ec.sweep(n, k, PS, cost, ORDER, overlap)
-            low[(gbps, name)] = ec.sweep(n, k, PS, base.on_link(gbps, low_alpha), ORDER, overlap)
+            for alpha, table in others.items():
+                table[(gbps, name)] = ec.sweep(n, k, PS, base.on_link(gbps, alpha), ORDER, overlap)
     # seconds per exchange, BERT-base
     name = next(iter(MODELS))
     head = "| link | algorithm | " + " | ".join(f"P = {p}" for p in PS) + " |"
@@ -143,7 +181,9 @@ def prediction_tables(base, overlap, low_alpha=25e-6):
             lines.append(f"| {gbps} Gbit/s | {LABELS[a]} | " + " | ".join(cells) + " |")
     out.append("\n".join(lines) + "\n")
     # crossovers
-    for label, table in ((f"fitted alpha {base.alpha_s * 1e6:.0f} us", sweeps), (f"alpha {low_alpha * 1e6:.0f} us", low)):
+    tables = [(f"{alpha_label} {base.alpha_s * 1e6:.0f} us", sweeps)]
+    tables += [(f"alpha {alpha * 1e6:.0f} us", table) for alpha, table in others.items()]
+    for label, table in tables:
         lines, c = crossover_table(table, label)
         out.append(lines)
         if table is sweeps:
@@ -231,8 +271,9 @@ def plot(sweeps, cross, path):
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("predicted ms per exchange")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{name}, density 0.01: one exchange, predicted (fitted costs per message and per byte "
-                 "received; nominal link rate); * = from here on Ok-Topk is faster; X = from here on the other is faster than Ok-Topk", fontsize=9)
+    fig.suptitle(f"{name}, density 0.01: one exchange, predicted (costs per call, per message, per byte received "
+                 "and per entry selected; nominal link rate); * = from here on Ok-Topk is faster; X = from here on "
+                 "the other is faster than Ok-Topk", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -244,22 +285,31 @@ def main(argv=None):
     p.add_argument("--selections", help="recorded selections: the overlap trend")
     p.add_argument("--step", type=int, default=30, help="recorded step for the overlap trend")
     p.add_argument("--fit-step", type=int, default=30,
-                   help="fit on the records of this recorded step only (the others: out-of-sample check)")
+                   help="fit on the records of this recorded step (and on those of uniform random inputs, "
+                        "which have none); the other steps' records are the out-of-sample check")
     p.add_argument("--overlap", choices=("trend", "uniform"), default="trend")
+    p.add_argument("--recorded-only", action="store_true",
+                   help="fit on the recorded step alone: the uniform inputs (another selection size) out of sample")
+    p.add_argument("--fit-alpha", action="store_true",
+                   help="fit the per-message cost too (default: the ping-pong records' measured one, where given)")
+    p.add_argument("--fit-bandwidth", action="store_true",
+                   help="fit each link's bandwidth too (default: its nominal rate, from the records' rate)")
     p.add_argument("--base", default="10gbit", help="the link whose fitted alpha and gamma go to the predictions")
     p.add_argument("--plot")
     p.add_argument("--page")
     a = p.parse_args(argv)
-    links = by_link(load_records(a.records))
-    fit_md, fits, own = fit_section(links, a.fit_step)
-    val_md, _ = validation_section(links, fits, own)
+    records, pingpongs = load_records(a.records)
+    links = by_link(records)
+    alpha = None if a.fit_alpha else measured_alpha(pingpongs)
+    fit_md, fits, own = fit_section(links, a.fit_step, a.fit_bandwidth, alpha, not a.recorded_only)
+    val_md, _ = validation_section(links, fits, own, a.fit_step, not a.recorded_only)
     overlap, unions = None, {}
     if a.overlap == "trend":
         if not a.selections:
             p.error("--overlap trend needs --selections")
         overlap, unions = overlap_trend(a.selections, a.step)
     base = fits[a.base]
-    preds, sweeps, cross = prediction_tables(base, overlap)
+    preds, sweeps, cross = prediction_tables(base, overlap, "fitted alpha" if alpha is None else "measured alpha")
     steps = step_table(base, overlap)
     today = _dt.date.today().isoformat()
     ov = ("uniform bound (independent selections)" if overlap is None else
@@ -269,16 +319,24 @@ def main(argv=None):
     text = (f"generated {today} by `scripts/predict_scale.py` from "
             f"{', '.join(os.path.relpath(x, _REPO) for x in a.records)}\n\n"
             f"**Fit** (joint over the links, and each link alone; non-negative least squares on relative error; "
-            f"all algorithms and P of recorded step {a.fit_step}; token-bucket burst {ec.NETEM_BURST_BYTES // 1024} KiB; "
-            "ranks per core from the records' cpus):\n\n"
+            f"all algorithms and P of recorded step {a.fit_step}"
+            + ("" if a.recorded_only else " and of the uniform random inputs") + "; token-bucket "
+            f"burst {ec.NETEM_BURST_BYTES // 1024} KiB per sender; "
+            + ("each link's bandwidth fitted" if a.fit_bandwidth else "bytes sent at each link's nominal rate")
+            + ("; alpha fitted" if alpha is None else
+               f"; alpha = MPI's one-way time of a small message, measured by ping-pong ({alpha * 1e6:.1f} us)")
+            + "; ranks per core from the records' cpus):\n\n"
             + fit_md + "\n**Predicted against measured** (the joint fit, and the fit of that link alone; records of other "
-            "recorded steps than the fit's are out of sample):\n\n" + val_md
-            + f"\n**Predictions** with the joint fit's alpha = {base.alpha_s * 1e6:.1f} us per message and "
-            f"local work per byte received ({', '.join(f'{LABELS[x]} {base.local_s_per_byte.get(x, 0) * 1e9:.2f} ns' for x in ORDER)}), "
+            "inputs than the fit's are out of sample):\n\n" + val_md
+            + f"\n**Predictions** with the joint fit's {base.call_s * 1e6:.0f} us per call, alpha = "
+            f"{base.alpha_s * 1e6:.1f} us per message and "
+            f"local work per byte received ({', '.join(f'{LABELS[x]} {base.local_s_per_byte.get(x, 0) * 1e9:.2f} ns' for x in ORDER)}) "
+            f"and per entry selected ({', '.join(f'{LABELS[x]} {base.local_s_per_selected.get(x, 0) * 1e9:.0f} ns' for x in ORDER if x != 'dense')}), "
             f"one rank per core, on real links at the nominal rate (no burst); overlap: {ov}.\n\n"
             + "\n".join(preds) + "\n" + steps)
     print(text)
-    print(f"[fit] FITTED = {{'alpha_s': {base.alpha_s!r}, 'local_s_per_byte': {base.local_s_per_byte!r}}}",
+    print(f"[fit] FITTED = {{'call_s': {base.call_s!r}, 'alpha_s': {base.alpha_s!r}, "
+          f"'local_s_per_byte': {base.local_s_per_byte!r}, 'local_s_per_selected': {base.local_s_per_selected!r}}}",
           file=sys.stderr)
     if a.page:
         sys.path.insert(0, os.path.join(_REPO, "scripts"))

@@ -1,25 +1,31 @@
-"""Time of one sparse allreduce from the engine's counted volume: a cost per message, per byte
-sent and per byte received (each algorithm's own local work), fitted to timed exchanges, and
-predictions to large P from the closed forms of :mod:`.volumes`.
+"""Time of one sparse allreduce from the engine's counted volume: a cost per call, per message,
+per byte sent and per byte received (each algorithm's own local work), fitted to timed
+exchanges, and predictions to large P from the closed forms of :mod:`.volumes`.
 
 One call of an exchange on P ranks is charged what its busiest rank does (the critical path:
 the engine's collectives wait for the slowest rank, and every rank's link is its own):
 
-    t = alpha M + beta max(0, B - burst) + c gamma_a R
+    t = t_call + alpha M + beta W + c (gamma_a R + kappa_a k),    W = max(0, B - burst)
 
 with M the most messages any rank sends in the call, B the most bytes any rank sends, R the
-most bytes any rank receives; gTop-k's tree levels run one after the other, so for it M and B
-are the root's messages and bytes both ways (:func:`busiest`). alpha and beta = 8 / bandwidth
-are :class:`.model.Network`'s ``latency_s`` and ``bandwidth_bps`` (the what-if model's link);
-gamma_a is algorithm a's local work per byte received (adding for dense, merging the received
-sparse vectors for the others: they differ by a factor of 100 per byte); c = max(1, P / cores)
-is the oversubscription of the machine that was timed (1 where every rank has its own core);
-``burst`` is the emulated link's token bucket (``tc tbf burst``, 256 KiB in scripts/netem.py:
-that much leaves at the speed of the host, not of the link), 0 on a real link. :func:`fit`
-and :func:`fit_links` find the costs by non-negative least squares on relative error from
-timed records (``scripts/bench_exchange.py`` with recorded selections: each record holds every
-rank's counters for each timed call); :func:`features` reads (M, B, R) from a record,
-:func:`critical_volume` from the closed forms at any P.
+most bytes any rank receives, k the entries each rank selected (the exchange's input). gTop-k's tree levels run one after the other, so for it M is the
+root's messages both ways, and W adds to the root's own sends the transfers it receives in
+turn, each leaving its sender's link: ``chain_messages`` x max(0, their mean size - burst)
+(:func:`busiest`). t_call is the engine's fixed work per call (its header, checks and result,
+whatever the volume); alpha and beta = 8 / bandwidth are :class:`.model.Network`'s ``latency_s``
+and ``bandwidth_bps`` (the what-if model's link); gamma_a is algorithm a's local work per byte
+received (adding for dense, merging the received sparse vectors for the others: they differ
+by a factor of 100 per byte) and kappa_a its work per entry of its own selection (sorting,
+splitting and packing it; none for dense, which densifies n); c = max(1, P / cores) is the oversubscription of the machine
+that was timed (1 where every rank has its own core); ``burst`` is the emulated link's token
+bucket (``tc tbf burst``, 256 KiB in scripts/netem.py: that much leaves a sender at the speed
+of the host, not of the link, once per sender and call), 0 on a real link. :func:`fit` and
+:func:`fit_links` find the costs by non-negative least squares on relative error from timed
+records (``scripts/bench_exchange.py``: each record holds every rank's counters for each
+timed call), with beta the link's nominal rate where it is known and alpha measured apart
+where given (a ping-pong: timed calls hardly tell a message from the work around it);
+:func:`features` reads (M, B, R, k) from a record, :func:`critical_volume` from the closed
+forms at any P.
 
 It leaves out: the time a rank waits for a slower peer's local work (only the busiest rank's
 counters enter), the selection of the top-k itself (the exchange starts from it), contention
@@ -45,24 +51,40 @@ NETEM_BURST_BYTES = 256 * 1024
 @dataclass(frozen=True)
 class Features:
     """What sets one call's time: the busiest rank's messages sent, bytes sent, bytes received;
-    the algorithm (its local work per byte) and the ranks per core where it ran (>= 1)."""
+    the algorithm (its local work per byte) and the ranks per core where it ran (>= 1); for a
+    chain (gTop-k's root), the transfers it receives in turn, each from its own sender's link:
+    how many and their bytes (their messages are already in ``messages``)."""
 
     messages: float
     bytes_sent: float
     bytes_received: float
     algorithm: str = "dense"
     oversubscription: float = 1.0
+    chain_messages: float = 0.0
+    chain_bytes: float = 0.0
+    selected: float = 0.0
+
+    def wire_bytes(self, burst=0.0):
+        """Bytes on the critical path that leave at the link's rate: each sender's beyond its
+        ``burst`` (the busiest rank's own sends; a chain's transfers, one sender each)."""
+        own = max(0.0, self.bytes_sent - burst)
+        if self.chain_messages <= 0:
+            return own
+        return own + self.chain_messages * max(0.0, self.chain_bytes / self.chain_messages - burst)
 
 
 @dataclass(frozen=True)
 class ExchangeCost:
     """A link (:class:`.model.Network`: bandwidth, and latency per message), each algorithm's
-    local work per byte received (``local_s_per_byte``: {algorithm: seconds}), and the link's
-    token-bucket burst (0: a real link)."""
+    local work per byte received and per entry selected (``local_s_per_byte``,
+    ``local_s_per_selected``: {algorithm: seconds}), the link's token-bucket burst (0: a real
+    link) and the engine's fixed seconds per call."""
 
     network: Network
     local_s_per_byte: dict = field(default_factory=dict)
     burst_bytes: float = 0.0
+    call_s: float = 0.0
+    local_s_per_selected: dict = field(default_factory=dict)
 
     @property
     def alpha_s(self):
@@ -74,31 +96,35 @@ class ExchangeCost:
         return 8.0 / self.network.bandwidth_bps
 
     def seconds(self, f):
-        wire = self.network.transfer(max(0.0, f.bytes_sent - self.burst_bytes), f.messages)
-        return wire + f.oversubscription * self.local_s_per_byte.get(f.algorithm, 0.0) * f.bytes_received
+        wire = self.network.transfer(f.wire_bytes(self.burst_bytes), f.messages)
+        local = (self.local_s_per_byte.get(f.algorithm, 0.0) * f.bytes_received
+                 + self.local_s_per_selected.get(f.algorithm, 0.0) * f.selected)
+        return self.call_s + wire + f.oversubscription * local
 
     def on_link(self, gbps, latency_s=None):
         """The same local costs on a real (no burst) link of ``gbps`` Gbit/s (nominal rate), with
         this per-message cost or ``latency_s``."""
         lat = self.network.latency_s if latency_s is None else latency_s
-        return ExchangeCost(Network.from_gbps(gbps, lat), dict(self.local_s_per_byte), 0.0)
+        return ExchangeCost(Network.from_gbps(gbps, lat), dict(self.local_s_per_byte), 0.0, self.call_s,
+                            dict(self.local_s_per_selected))
 
 
 # ------------------------------------------------------------------ from timed records
-def busiest(algorithm, per_rank, oversubscription=1.0):
+def busiest(algorithm, per_rank, oversubscription=1.0, selected=0.0):
     """:class:`Features` of one call from ``per_rank`` (messages sent, bytes sent, bytes
     received, messages received) of every rank: the most over ranks of each. For gTop-k,
     whose tree levels run one after the other, the chain through the root is the critical
     path: each level's transfer is received, then (broadcast) sent, by the root in turn, so
-    its messages and bytes both ways count (the most over ranks of sent + received)."""
+    the root's (the rank that moves the most bytes both ways) messages both ways count, its
+    own sends as ``bytes_sent`` and what it receives as the chain. ``selected``: the entries
+    each rank put in (k; 0 for dense, whose work does not depend on it)."""
+    received = float(max(br for _, _, br, _ in per_rank))
     if algorithm == "gtopk":
-        m = max(ms + mr for ms, _, _, mr in per_rank)
-        b = max(bs + br for _, bs, br, _ in per_rank)
-    else:
-        m = max(ms for ms, _, _, _ in per_rank)
-        b = max(bs for _, bs, _, _ in per_rank)
-    return Features(float(m), float(b), float(max(br for _, _, br, _ in per_rank)), algorithm,
-                    float(oversubscription))
+        ms, bs, br, mr = max(per_rank, key=lambda r: (r[1] + r[2], r[0] + r[3]))
+        return Features(float(ms + mr), float(bs), received, algorithm, float(oversubscription),
+                        float(mr), float(br), float(selected))
+    return Features(float(max(ms for ms, _, _, _ in per_rank)), float(max(bs for _, bs, _, _ in per_rank)),
+                    received, algorithm, float(oversubscription), selected=float(selected))
 
 
 def oversubscription(record, cores=None):
@@ -109,15 +135,19 @@ def oversubscription(record, cores=None):
 
 def features(record, call=None, cores=None):
     """:class:`Features` of a bench record (``per_call``: every rank's counters per timed
-    call): per call :func:`busiest`, then the mean over the timed calls (or one ``call``)."""
+    call; ``k``: the entries each rank selected): per call :func:`busiest`, then the mean over
+    the timed calls (or one ``call``)."""
     calls = record["per_call"] if call is None else [record["per_call"][call]]
     per = []
     for c in calls:
         received = c.get("messages_received", c["messages_sent"])
         per.append(busiest(record["algorithm"], list(zip(c["messages_sent"], c["bytes_sent"],
                                                          c["bytes_received"], received))))
-    mean = [float(np.mean([getattr(f, x) for f in per])) for x in ("messages", "bytes_sent", "bytes_received")]
-    return Features(*mean, record["algorithm"], oversubscription(record, cores))
+    mean = {x: float(np.mean([getattr(f, x) for f in per]))
+            for x in ("messages", "bytes_sent", "bytes_received", "chain_messages", "chain_bytes")}
+    selected = 0.0 if record["algorithm"] == "dense" else float(record.get("k", 0))
+    return Features(algorithm=record["algorithm"], oversubscription=oversubscription(record, cores),
+                    selected=selected, **mean)
 
 
 def measured_seconds(record):
@@ -125,45 +155,69 @@ def measured_seconds(record):
     return float(record["median_s"])
 
 
-def fit_links(records_by_link, burst_bytes=0.0, cores=None):
-    """One fit over one or more links (``{label: records}``): a bandwidth per link; the
-    per-message cost and every algorithm's local work per byte received shared by all.
-    Bytes sent and received are nearly equal in most exchanges, so one link alone hardly
-    tells beta from gamma; links of different rates do (beta changes, gamma does not).
-    Non-negative least squares on relative error. Returns ``{label: ExchangeCost}``."""
+def fit_links(records_by_link, burst_bytes=0.0, cores=None, bandwidth_bps=None, latency_s=None):
+    """One fit over one or more links (``{label: records}``): the per-call cost and every
+    algorithm's local work per byte received and per entry selected, shared by all; the
+    per-message cost, fitted, or ``latency_s`` (measured apart); and a bandwidth per link,
+    fitted, or the link's nominal rate from ``bandwidth_bps`` (``{label: bits per second}``; a
+    fitted one absorbs whatever the other terms miss, so that a prediction on a nominal link
+    would charge it twice). Non-negative least squares on relative error. Returns
+    ``{label: ExchangeCost}``."""
     from scipy.optimize import nnls
     labels = list(records_by_link)
+    fixed = dict(bandwidth_bps or {})
+    free = [label for label in labels if label not in fixed]
     algs = sorted({r["algorithm"] for recs in records_by_link.values() for r in recs})
-    rows, times = [], []
-    for j, label in enumerate(labels):
+    sparse = [a for a in algs if a != "dense"]
+    columns = ["call", "message"] + [("byte", a) for a in algs] + [("selected", a) for a in sparse] + free
+    rows, times, known = [], [], []
+    for label in labels:
         for rec in records_by_link[label]:
             f = features(rec, cores=cores)
-            row = [0.0] * (1 + len(algs) + len(labels))
-            row[0] = f.messages
-            row[1 + algs.index(f.algorithm)] = f.oversubscription * f.bytes_received
-            row[1 + len(algs) + j] = max(0.0, f.bytes_sent - burst_bytes)
-            rows.append(row)
+            row = dict.fromkeys(columns, 0.0)
+            row["call"] = 1.0
+            row["byte", f.algorithm] = f.oversubscription * f.bytes_received
+            if f.algorithm in sparse:
+                row["selected", f.algorithm] = f.oversubscription * f.selected
+            wire, extra = f.wire_bytes(burst_bytes), 0.0
+            if label in fixed:
+                extra += wire * 8.0 / fixed[label]
+            else:
+                row[label] = wire
+            if latency_s is None:
+                row["message"] = f.messages
+            else:
+                extra += latency_s * f.messages
+            rows.append([row[c] for c in columns])
             times.append(measured_seconds(rec))
-    A, t = np.asarray(rows, float), np.asarray(times, float)
-    if len(t) < A.shape[1]:
-        raise ValueError(f"need at least {A.shape[1]} records to fit, got {len(t)}")
+            known.append(extra)
+    A, t, known = np.asarray(rows, float), np.asarray(times, float), np.asarray(known, float)
+    used = A.any(axis=0)
+    if len(t) < used.sum():
+        raise ValueError(f"need at least {used.sum()} records to fit, got {len(t)}")
     w = 1.0 / t
     scale = A.max(axis=0)
     scale[scale == 0] = 1.0
-    coef, _ = nnls(A * w[:, None] / scale, t * w)
-    coef = coef / scale
-    local = {a: float(coef[1 + i]) for i, a in enumerate(algs)}
+    coef, _ = nnls(A * w[:, None] / scale, (t - known) * w)
+    coef = dict(zip(columns, coef / scale))
+    alpha = float(coef["message"]) if latency_s is None else float(latency_s)
+    per_byte = {a: float(coef["byte", a]) for a in algs}
+    per_selected = {a: float(coef["selected", a]) for a in sparse}
     out = {}
-    for j, label in enumerate(labels):
-        beta = float(coef[1 + len(algs) + j])
-        out[label] = ExchangeCost(Network(8.0 / beta if beta > 0 else math.inf, float(coef[0])), local,
-                                  burst_bytes)
+    for label in labels:
+        if label in fixed:
+            bps = float(fixed[label])
+        else:
+            bps = 8.0 / coef[label] if coef[label] > 0 else math.inf
+        out[label] = ExchangeCost(Network(bps, alpha), per_byte, burst_bytes, float(coef["call"]), per_selected)
     return out
 
 
-def fit(records, burst_bytes=0.0, cores=None):
-    """:func:`fit_links` of one link's records: an :class:`ExchangeCost`."""
-    return fit_links({"link": list(records)}, burst_bytes, cores)["link"]
+def fit(records, burst_bytes=0.0, cores=None, bandwidth_bps=None, latency_s=None):
+    """:func:`fit_links` of one link's records (``bandwidth_bps``: its nominal rate, else
+    fitted): an :class:`ExchangeCost`."""
+    fixed = None if bandwidth_bps is None else {"link": bandwidth_bps}
+    return fit_links({"link": list(records)}, burst_bytes, cores, fixed, latency_s)["link"]
 
 
 def validation(records, cost, cores=None):
@@ -220,6 +274,7 @@ def critical_volume(algorithm, n, k, P, overlap=None, call=1):
     whether it repartitions and computes the exact threshold (call 1: neither)."""
     if P <= 1:
         return Features(0.0, 0.0, 0.0, algorithm)
+    selected = 0.0 if algorithm == "dense" else float(k)
     kw = {}
     if algorithm in ("dsa", "oktopk"):
         kw["stats"] = _stats(n, k, P, overlap)
@@ -228,7 +283,7 @@ def critical_volume(algorithm, n, k, P, overlap=None, call=1):
         kw.update(repartition=repartition, exact=exact)
     per = [vol.volume(algorithm, n, k, P, r, **kw) for r in _ranks(algorithm, P)]
     return busiest(algorithm, [(v.messages_sent, v.bytes_sent, v.bytes_received, v.messages_received)
-                               for v in per])
+                               for v in per], selected=selected)
 
 
 def predict_seconds(algorithm, n, k, P, cost, overlap=None, amortized=True):
@@ -280,19 +335,25 @@ def fastest(n, k, P, cost, algorithms=vol.ALGORITHMS, overlap=None):
 
 
 # ------------------------------------------------------------------ the fitted costs
-#: The joint fit (:func:`fit_links`) of docs/results/data/oktopk-scale/timed-1gbit.jsonl and
-#: timed-10gbit.jsonl, recorded step 30, burst 256 KiB, 2 cores (scripts/predict_scale.py
-#: prints it): seconds per message and each algorithm's local seconds per byte received.
-FITTED = {"alpha_s": 0.00014855804658958657,
-          "local_s_per_byte": {"allgather": 5.4527439157006825e-09, "dense": 1.5516436514748287e-09,
-                               "dsa": 5.324241209712038e-11, "gtopk": 2.283043451895305e-09, "oktopk": 0.0}}
+#: The joint fit (:func:`fit_links`) of docs/results/data/oktopk-scale/timed-{1,10}gbit.jsonl
+#: (recorded step 30) and timed-uniform-{1,10}gbit.jsonl, burst 256 KiB, the links at their
+#: nominal rates, alpha measured by ping-pong (pingpong.jsonl), 2 cores (scripts/predict_scale.py
+#: prints it): seconds per call and per message, and each algorithm's local seconds per byte
+#: received and per entry selected.
+FITTED = {"call_s": 0.00030681457000566754, "alpha_s": 7.084663502610056e-06,
+          "local_s_per_byte": {"allgather": 6.962173528163747e-09, "dense": 9.129263083035716e-10,
+                               "dsa": 8.634242463923152e-10, "gtopk": 1.6593493866959245e-09,
+                               "oktopk": 4.421767561370141e-09},
+          "local_s_per_selected": {"allgather": 1.7634940937093859e-09, "dsa": 4.735868896643379e-08,
+                                   "gtopk": 1.1564609236199359e-07, "oktopk": 1.882921307791214e-08}}
 
 
 def default_cost(gbps, latency_s=None):
-    """The fitted per-message and local costs on a real ``gbps`` link (nominal rate): the
-    what-if advice's costs (``latency_s`` replaces the fitted per-message cost)."""
+    """The fitted per-call, per-message and local costs on a real ``gbps`` link (nominal rate):
+    the what-if advice's costs (``latency_s`` replaces the measured per-message cost)."""
     alpha = FITTED["alpha_s"] if latency_s is None else latency_s
-    return ExchangeCost(Network.from_gbps(gbps, alpha), dict(FITTED["local_s_per_byte"]))
+    return ExchangeCost(Network.from_gbps(gbps, alpha), dict(FITTED["local_s_per_byte"]), 0.0, FITTED["call_s"],
+                        dict(FITTED["local_s_per_selected"]))
 
 
 __all__ = ["Features", "ExchangeCost", "Overlap", "busiest", "features", "oversubscription", "NETEM_BURST_BYTES",

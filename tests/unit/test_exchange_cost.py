@@ -4,6 +4,7 @@ fit of the shipped records. No MPI."""
 import json
 import os
 
+import numpy as np
 import pytest
 
 from horovod_sparse.whatif import exchange_cost as ec
@@ -11,56 +12,88 @@ from horovod_sparse.whatif import volumes as vol
 from horovod_sparse.whatif.model import Network
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TIMED = [os.path.join(ROOT, "docs", "results", "data", "oktopk-scale", f"timed-{r}.jsonl") for r in ("1gbit", "10gbit")]
+TIMED = [os.path.join(ROOT, "docs", "results", "data", "oktopk-scale", name)
+         for name in ("timed-1gbit.jsonl", "timed-10gbit.jsonl", "timed-uniform-1gbit.jsonl",
+                      "timed-uniform-10gbit.jsonl", "pingpong.jsonl")]
 
 
-def _record(algorithm, P, per_rank, seconds, cpus=2):
+def _record(algorithm, P, per_rank, seconds, cpus=2, k=None):
     """A bench record with the given per-rank counters (messages, sent, received, messages
     received) on 2 calls."""
     call = {"messages_sent": [x[0] for x in per_rank], "bytes_sent": [x[1] for x in per_rank],
             "bytes_received": [x[2] for x in per_rank], "messages_received": [x[-1] for x in per_rank]}
-    return {"algorithm": algorithm, "P": P, "rate": "test", "median_s": seconds, "min_s": seconds,
-            "max_s": seconds, "per_call": [call, call], "cpus": cpus}
+    rec = {"algorithm": algorithm, "P": P, "rate": "test", "median_s": seconds, "min_s": seconds,
+           "max_s": seconds, "per_call": [call, call], "cpus": cpus}
+    if k is not None:
+        rec["k"] = k
+    return rec
 
 
 GAMMA = {"dense": 1.5e-9, "allgather": 5e-9, "gtopk": 2e-9, "dsa": 1e-10, "oktopk": 3e-10}
+KAPPA = {"allgather": 2e-9, "gtopk": 1e-7, "dsa": 5e-8, "oktopk": 2e-8}
 
 
-def _synthetic(alpha, beta, gamma=GAMMA, burst=0.0, Ps=(2, 4, 8), n=1_000_000, k=10_000):
+def _synthetic(alpha, beta, gamma=GAMMA, burst=0.0, Ps=(2, 4, 8), n=1_000_000, ks=(10_000, 40_000), call=3e-4,
+               kappa=KAPPA):
+    """Records timed by the model itself, at two selection sizes (so that the work per entry
+    selected and per byte received can be told apart)."""
     recs = []
-    for alg in vol.ALGORITHMS:
-        for P in Ps:
-            per_rank = [(v.messages_sent, v.bytes_sent, v.bytes_received, v.messages_received)
-                        for v in (vol.volume(alg, n, k, P, r) for r in range(P))]
-            f = ec.busiest(alg, per_rank)
-            c = max(1, P / 2)
-            t = alpha * f.messages + beta * max(0, f.bytes_sent - burst) + c * gamma[alg] * f.bytes_received
-            recs.append(_record(alg, P, per_rank, t))
+    for k in ks:
+        for alg in vol.ALGORITHMS:
+            for P in Ps:
+                per_rank = [(v.messages_sent, v.bytes_sent, v.bytes_received, v.messages_received)
+                            for v in (vol.volume(alg, n, k, P, r) for r in range(P))]
+                f = ec.busiest(alg, per_rank, selected=0 if alg == "dense" else k)
+                c = max(1, P / 2)
+                t = (call + alpha * f.messages + beta * f.wire_bytes(burst)
+                     + c * (gamma[alg] * f.bytes_received + kappa.get(alg, 0.0) * f.selected))
+                recs.append(_record(alg, P, per_rank, t, k=k))
     return recs
 
 
+def _check_local_costs(cost, call=3e-4):
+    assert cost.call_s == pytest.approx(call, rel=1e-5)
+    for a, g in GAMMA.items():
+        assert cost.local_s_per_byte[a] == pytest.approx(g, rel=1e-4)
+    for a, g in KAPPA.items():
+        assert cost.local_s_per_selected[a] == pytest.approx(g, rel=1e-4)
+
+
 @pytest.mark.parametrize("alpha,beta", [(50e-6, 8e-9), (1e-4, 0.8e-9), (2e-5, 3e-9)])
-def test_fit_recovers_alpha_beta_and_local_costs_from_synthetic_records(alpha, beta):
+def test_fit_recovers_every_cost_from_synthetic_records(alpha, beta):
     recs = _synthetic(alpha, beta, Ps=(2, 3, 4, 6, 8))
     cost = ec.fit(recs)
-    assert cost.alpha_s == pytest.approx(alpha, rel=1e-6)
-    assert cost.beta_s == pytest.approx(beta, rel=1e-6)
-    for a, g in GAMMA.items():
-        assert cost.local_s_per_byte[a] == pytest.approx(g, rel=1e-5)
-    assert all(abs(e) < 1e-6 for *_, e in ec.validation(recs, cost))
+    assert cost.alpha_s == pytest.approx(alpha, rel=1e-5)
+    assert cost.beta_s == pytest.approx(beta, rel=1e-5)
+    _check_local_costs(cost)
+    assert all(abs(e) < 1e-5 for *_, e in ec.validation(recs, cost))
 
 
 def test_joint_fit_over_links_recovers_per_link_bandwidth_and_shared_costs_with_a_burst():
     burst = 256 * 1024
     recs = {"slow": _synthetic(40e-6, 8e-9, burst=burst), "fast": _synthetic(40e-6, 0.8e-9, burst=burst)}
     fits = ec.fit_links(recs, burst_bytes=burst)
-    assert fits["slow"].beta_s == pytest.approx(8e-9, rel=1e-6)
-    assert fits["fast"].network.gbps == pytest.approx(10.0, rel=1e-6)
+    assert fits["slow"].beta_s == pytest.approx(8e-9, rel=1e-5)
+    assert fits["fast"].network.gbps == pytest.approx(10.0, rel=1e-5)
     for c in fits.values():
-        assert c.alpha_s == pytest.approx(40e-6, rel=1e-6)
-        assert c.local_s_per_byte["allgather"] == pytest.approx(5e-9, rel=1e-6)
+        assert c.alpha_s == pytest.approx(40e-6, rel=1e-5)
+        _check_local_costs(c)
         assert c.burst_bytes == burst
     assert fits["fast"].on_link(25).burst_bytes == 0.0
+    assert fits["fast"].on_link(25).local_s_per_selected == fits["fast"].local_s_per_selected
+
+
+def test_fit_with_the_nominal_rates_and_a_measured_alpha_fits_the_rest():
+    burst = 256 * 1024
+    recs = {"slow": _synthetic(40e-6, 8e-9, burst=burst), "fast": _synthetic(40e-6, 0.8e-9, burst=burst)}
+    fits = ec.fit_links(recs, burst_bytes=burst, bandwidth_bps={"slow": 1e9, "fast": 1e10}, latency_s=40e-6)
+    assert (fits["slow"].network.gbps, fits["fast"].network.gbps) == (1.0, 10.0)
+    for c in fits.values():
+        assert c.alpha_s == 40e-6
+        _check_local_costs(c)
+    # a wrong measured alpha is not absorbed silently: the records no longer fit exactly
+    off = ec.fit_links(recs, burst_bytes=burst, bandwidth_bps={"slow": 1e9, "fast": 1e10}, latency_s=400e-6)
+    assert max(abs(e) for *_, e in ec.validation(recs["slow"], off["slow"])) > 0.01
 
 
 def test_features_take_the_busiest_rank_per_call_then_the_mean_over_calls():
@@ -70,11 +103,19 @@ def test_features_take_the_busiest_rank_per_call_then_the_mean_over_calls():
     assert ec.features(rec) == ec.Features(3.0, 200.0, 5.0, "dsa", 4.0)
     assert ec.features(rec, call=0) == ec.Features(5.0, 100.0, 9.0, "dsa", 4.0)
     assert ec.features(rec, cores=16).oversubscription == 1.0
+    rec["k"] = 1234
+    assert ec.features(rec).selected == 1234.0
+    assert ec.features({**rec, "algorithm": "dense"}).selected == 0.0   # dense densifies n, whatever k
 
 
-def test_gtopk_counts_the_root_chain_both_ways():
+def test_gtopk_counts_the_root_chain_both_ways_each_transfer_from_its_own_sender():
     per_rank = [(3, 100, 700, 8), (5, 400, 90, 1)]
-    assert ec.busiest("gtopk", per_rank) == ec.Features(11.0, 800.0, 700.0, "gtopk")
+    f = ec.busiest("gtopk", per_rank)
+    assert f == ec.Features(11.0, 100.0, 700.0, "gtopk", 1.0, chain_messages=8.0, chain_bytes=700.0)
+    assert f.wire_bytes() == 800.0
+    # the root's sends beyond its burst, each of the 8 received transfers beyond its sender's
+    assert f.wire_bytes(50.0) == 50.0 + 8 * (700.0 / 8 - 50.0)
+    assert f.wire_bytes(100.0) == 0.0
     assert ec.busiest("allgather", per_rank) == ec.Features(5.0, 400.0, 700.0, "allgather")
 
 
@@ -98,7 +139,9 @@ def test_prediction_equals_cost_of_the_closed_form_at_the_busiest_rank():
     n, k, P = 1_000_000, 10_000, 8
     per = [vol.volume("gtopk", n, k, P, r) for r in range(P)]
     f = ec.critical_volume("gtopk", n, k, P)
-    assert f.bytes_sent == max(v.bytes_sent + v.bytes_received for v in per) == per[0].bytes_sent + per[0].bytes_received
+    both = max(v.bytes_sent + v.bytes_received for v in per)
+    assert f.wire_bytes() == both == per[0].bytes_sent + per[0].bytes_received
+    assert f.selected == k and ec.critical_volume("dense", n, k, P).selected == 0
     assert ec.predict_seconds("gtopk", n, k, P, COST) == pytest.approx(COST.seconds(f))
     assert ec.critical_volume("dense", n, k, 1) == ec.Features(0.0, 0.0, 0.0)
 
@@ -149,17 +192,26 @@ def test_on_link_keeps_alpha_and_gamma():
 
 @pytest.mark.skipif(not all(os.path.exists(p) for p in TIMED), reason="no timed records")
 def test_shipped_constants_are_the_joint_fit_of_the_shipped_records():
-    recs = {}
+    """As scripts/predict_scale.py fits them: recorded step 30 and the uniform inputs, the links
+    at their nominal rates, alpha the ping-pong's."""
+    recs, pingpong = {}, []
     for path in TIMED:
         with open(path) as f:
             for line in f:
                 r = json.loads(line) if line.strip() else None
-                if r and r.get("selections_step") == 30:
+                if r and r.get("kind") == "pingpong":
+                    pingpong.append(r["median_s"])
+                elif r and r.get("selections_step") in (30, None):
                     recs.setdefault(r["rate"], []).append(r)
-    cost = ec.fit_links(recs, burst_bytes=ec.NETEM_BURST_BYTES)["10gbit"]
+    rates = {"1gbit": 1e9, "10gbit": 1e10}
+    cost = ec.fit_links(recs, burst_bytes=ec.NETEM_BURST_BYTES, bandwidth_bps=rates,
+                        latency_s=float(np.median(pingpong)))["10gbit"]
     assert ec.FITTED["alpha_s"] == pytest.approx(cost.alpha_s, rel=1e-6)
+    assert ec.FITTED["call_s"] == pytest.approx(cost.call_s, rel=1e-6)
     for a, g in cost.local_s_per_byte.items():
         assert ec.FITTED["local_s_per_byte"][a] == pytest.approx(g, rel=1e-6, abs=1e-20)
+    for a, g in cost.local_s_per_selected.items():
+        assert ec.FITTED["local_s_per_selected"][a] == pytest.approx(g, rel=1e-6, abs=1e-20)
     assert ec.default_cost(25).network.gbps == 25.0
 
 
@@ -187,3 +239,23 @@ def test_whatif_sparse_allreduce_rejects_a_density_above_one(capsys):
         cli.main(["whatif", "netai:vgg16", "--sparse-allreduce", "--density", "2"])
     assert e.value.code == 2
     assert "--density" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not all(os.path.exists(p) for p in TIMED), reason="no timed records")
+def test_predict_scale_fits_with_the_measured_alpha_and_checks_the_uniform_inputs(tmp_path, capsys):
+    """scripts/predict_scale.py on the shipped records: alpha is the ping-pong's, the fit is the
+    shipped one, and the validation covers the recorded and the uniform inputs."""
+    from scripts_under_test import load_script
+    predict = load_script("predict_scale")
+    records, pingpong = predict.load_records(TIMED)
+    assert pingpong and all(r["kind"] == "pingpong" for r in pingpong)
+    assert predict.measured_alpha(pingpong) == pytest.approx(ec.FITTED["alpha_s"])
+    assert {r.get("selections_step") for r in records} == {30, 60, None}
+    selections = os.path.join(ROOT, "docs", "results", "data", "oktopk-scale", "selections.npz")
+    page = tmp_path / "page.md"
+    page.write_text("<!-- oktopk-predict:begin -->\n<!-- oktopk-predict:end -->\n")
+    assert predict.main(["--records", *TIMED, "--selections", selections, "--page", str(page)]) == 0
+    text = page.read_text()
+    assert "measured by ping-pong" in text and "uniform, n = 17.3M" in text
+    assert f"| joint | 10gbit | 30 | {ec.FITTED['call_s'] * 1e6:.0f} |" in text
+    capsys.readouterr()
