@@ -37,7 +37,9 @@ class Allgather:
     def run(self, indices, values):
         counts = self.counts
         if self.codec is None:
-            all_indices, all_values = self.comm.allgatherv_pairs(indices.astype(self.index_dtype), values, counts)
+            # the sum reads the received records where they are (strided views, no unpacking copies)
+            all_indices, all_values = self.comm.allgatherv_pairs(indices.astype(self.index_dtype), values, counts,
+                                                                 contiguous=False)
             summed_indices, summed_values = sum_duplicates([all_indices], [all_values], values.dtype)
             return summed_indices, summed_values, summed_indices
         all_indices = self.comm.allgatherv(indices.astype(self.index_dtype), counts)

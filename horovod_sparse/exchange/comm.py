@@ -165,10 +165,12 @@ class CountingComm(ClosesOnExit):
                               [recvbuf, (counts, displs)])
         return recvbuf
 
-    def allgatherv_pairs(self, indices, values, counts):
+    def allgatherv_pairs(self, indices, values, counts, contiguous=True):
         """:meth:`allgatherv` of ``indices`` and of ``values`` (same length, ``counts[r]``
         pairs from rank r) as one Allgatherv of packed (index, value) records: one latency
-        instead of two, the same bytes. Returns (indices, values), contiguous, in rank order.
+        instead of two, the same bytes. Returns (indices, values) in rank order, contiguous,
+        or (``contiguous=False``) as strided views of the received records, for a reader that
+        takes them where they are (the compiled sum: two copies fewer).
 
         Example: ``all_i, all_v = comm.allgatherv_pairs(idx.astype(np.int32), vals, counts)``.
         """
@@ -180,6 +182,8 @@ class CountingComm(ClosesOnExit):
         mine["i"], mine["v"] = indices, values
         counts = [int(c) * record.itemsize for c in counts]
         gathered = self.allgatherv(mine.view(np.uint8), counts).view(record)
+        if not contiguous:
+            return gathered["i"], gathered["v"]
         return np.ascontiguousarray(gathered["i"]), np.ascontiguousarray(gathered["v"])
 
     def alltoall(self, sendbuf, recvbuf, control=False):

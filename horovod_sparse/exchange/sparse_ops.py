@@ -5,7 +5,12 @@ on every rank, which is what lets the algorithms agree without extra checks.
 """
 import numpy as np
 
-from horovod_sparse.ops import magnitude
+from horovod_sparse.ops import cpu, magnitude
+from horovod_sparse.ops.cpu.sparsify import sorted_runs, sum_sorted_runs
+
+#: at most this many sorted runs are merged one after another by the compiled kernel (each
+#: merge reads what the earlier ones made: P/2 passes against the sort's log2 P); more: the sort
+MERGED_RUNS = 16
 
 #: the exchange's magnitude keys are unsigned (what its radix select counts), by value size
 _UNSIGNED = {4: np.uint32, 8: np.uint64}
@@ -45,12 +50,27 @@ def sum_duplicates(index_pieces, value_pieces, value_dtype):
        rank, which it merges) keeps equal indices in piece order.
     2. The first entry of each index starts its sum (0.0 + value); the later ones are
        added in order (``np.add.at``, sequential), each a value of another piece.
+
+    With the compiled kernels, steps 1 and 2 are one merge per sorted run
+    (:func:`~horovod_sparse.ops.cpu.sparsify.sum_sorted_runs`, up to :data:`MERGED_RUNS` runs):
+    the same additions in the same order, so the same bits.
     """
     value_dtype = np.dtype(value_dtype)
     if not index_pieces:
         return np.empty(0, np.int64), np.empty(0, value_dtype)
-    indices = np.concatenate([np.asarray(p) for p in index_pieces])                 # step 1
-    values = np.concatenate([np.asarray(p) for p in value_pieces])
+    if len(index_pieces) == 1:  # read where it is (an allgather's strided records, say)
+        indices, values = np.asarray(index_pieces[0]), np.asarray(value_pieces[0])
+    else:
+        indices = np.concatenate([np.asarray(p) for p in index_pieces])            # step 1
+        values = np.concatenate([np.asarray(p) for p in value_pieces])
+    if cpu.enabled() and indices.size and indices.dtype.kind in "iu" and values.dtype.kind == "f":
+        runs = sorted_runs(indices, MERGED_RUNS)
+        if runs <= MERGED_RUNS:
+            out_index, out_sum = np.empty(indices.size, np.int64), np.empty(indices.size, value_dtype)
+            spare = (2, indices.size) if runs > 2 else (2, 0)
+            count = sum_sorted_runs(indices, values, runs, out_index, out_sum,
+                                    np.empty(spare, np.int64), np.empty(spare, np.float64))
+            return out_index[:count], out_sum[:count]
     if indices.size > 1 and not np.all(indices[1:] > indices[:-1]):
         order = np.argsort(indices, kind="stable")
         indices, values = indices[order], values[order]

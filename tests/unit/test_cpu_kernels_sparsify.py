@@ -204,3 +204,61 @@ def test_sorted_membership_equals_numpy_isin(seed):
                 assert np.array_equal(isin_sorted(a, b_cast), expected)
             assert np.array_equal(isin_sorted(a, b_cast), expected)
             assert np.array_equal(isin_sorted(torch.from_numpy(a), torch.from_numpy(b_cast)).numpy(), expected)
+
+
+def _same_bits(a, b):
+    """Equal arrays, bit for bit, except that a NaN matches any NaN (payloads may differ)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    nan = np.isnan(a) if a.dtype.kind == "f" else np.zeros(a.shape, bool)
+    if a.dtype.kind == "f" and not np.array_equal(nan, np.isnan(b)):
+        return False
+    return np.array_equal(a[~nan].view(np.uint8), b[~nan].view(np.uint8))
+
+
+@pytest.mark.parametrize("runs", [1, 2, 3, 4, 7, 16, 17, 40])
+@pytest.mark.parametrize("kind", ["normal", "ties", "zeros", "denormals", "nonfinite"])
+def test_sum_of_sorted_runs_equals_numpys_sort_and_add_at(runs, kind):
+    """The exchange's sum of the ranks' pairs (TopkA, gTop-k, the regions of TopkDSA and Ok-Topk):
+    the compiled merge of the sorted runs adds every index's values in the same order as the
+    stable sort + np.add.at, so the same bits; duplicates inside a run, empty runs, both index
+    widths, float32 and float64 values and results; past MERGED_RUNS runs, the sort itself."""
+    from horovod_sparse.exchange.sparse_ops import MERGED_RUNS, sum_duplicates
+    rng = np.random.default_rng(runs * 31 + len(kind))
+    span = int(rng.integers(1, 400))
+    pieces_i, pieces_v = [], []
+    for r in range(runs):
+        size = int(rng.integers(0, 60)) if r % 5 != 3 else 0
+        index = np.sort(rng.integers(0, span, size))            # duplicates inside a run too
+        pieces_i.append(index)
+        pieces_v.append(adversarial(size, rng, kind))
+    for index_dtype in (np.int32, np.int64):
+        for value_dtype in (np.float32, np.float64):
+            args = ([np.concatenate(pieces_i).astype(index_dtype)], [np.concatenate(pieces_v)], value_dtype)
+            got = sum_duplicates(*args)
+            with cpu.numpy_only():
+                want = sum_duplicates(*args)
+            assert _same_bits(got[0], want[0]) and _same_bits(got[1], want[1]), (index_dtype, value_dtype)
+            # the same sums from the pieces given one by one (gTop-k's two, TopkDSA's regions)
+            split = sum_duplicates([p.astype(index_dtype) for p in pieces_i], pieces_v, value_dtype)
+            assert _same_bits(split[0], want[0]) and _same_bits(split[1], want[1])
+    from horovod_sparse.ops.cpu.sparsify import sorted_runs
+    counted = sorted_runs(np.concatenate(pieces_i), MERGED_RUNS)
+    assert counted == min(MERGED_RUNS + 1, np.count_nonzero(np.diff(np.concatenate(pieces_i)) < 0) + 1)
+
+
+def test_sum_of_sorted_runs_on_a_float64_accumulator_and_unsorted_input():
+    """TopkDSA's regions keep float64 sums and add the next pieces into them; an unsorted piece
+    is runs of one or more entries: either way numpy's bits."""
+    from horovod_sparse.exchange.sparse_ops import sum_duplicates
+    rng = np.random.default_rng(5)
+    acc_i, acc_v = np.arange(0, 300, 3), rng.standard_normal(100)
+    piece_i = rng.permutation(300)[:40]                            # not sorted
+    piece_v = rng.standard_normal(40).astype(np.float32)
+    args = ([acc_i, piece_i], [acc_v, piece_v], np.float64)
+    got = sum_duplicates(*args)
+    with cpu.numpy_only():
+        want = sum_duplicates(*args)
+    assert _same_bits(got[0], want[0]) and _same_bits(got[1], want[1])
+    empty = sum_duplicates([np.empty(0, np.int64)], [np.empty(0, np.float32)], np.float32)
+    assert empty[0].size == 0 and empty[1].dtype == np.float32

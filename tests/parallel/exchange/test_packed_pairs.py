@@ -32,6 +32,11 @@ def test_packed_pairs_equal_two_allgathervs_bitwise(index_dtype, value_dtype):
         assert all_ranks(packed_traffic.bytes_sent == two_traffic.bytes_sent
                          and packed_traffic.bytes_received == two_traffic.bytes_received)
         assert all_ranks(packed_traffic.messages_sent * 2 == two_traffic.messages_sent)
+        # as strided views of the received records: the same numbers, nothing unpacked
+        view_indices, view_values = comm.allgatherv_pairs(indices, values, counts, contiguous=False)
+        assert all_ranks(np.array_equal(view_indices, two_indices) and view_values.tobytes() == two_values.tobytes())
+        assert all_ranks(view_indices.base is not None and view_indices.base is view_values.base
+                         or not view_indices.size)
     finally:
         comm.close()
 
