@@ -70,6 +70,23 @@ def _gbps(rate):
     return float(t[:-1]) * mult if mult else float(t) / 1e9
 
 
+def model_unions(specs):
+    """``--unions NAME=FILE``: {model name of MODELS (matched by its start): (Overlap, unions, file)},
+    from the recorded unions of ``record_selections.py --out FILE.json`` (its first recorded step)."""
+    out = {}
+    for spec in specs or ():
+        prefix, _, path = spec.partition("=")
+        names = [m for m in MODELS if m.startswith(prefix)]
+        if len(names) != 1 or not path:
+            raise SystemExit(f"--unions {spec!r}: want NAME=FILE, NAME the start of one of {list(MODELS)}")
+        with open(path) as f:
+            data = json.load(f)
+        step = sorted(data["unions"], key=int)[0]
+        unions = {int(P): u for P, u in data["unions"][step].items()}
+        out[names[0]] = (ec.Overlap.fitted(unions, data["k"]), unions, path, data["workload"], int(step))
+    return out
+
+
 def overlap_trend(selections, step, Ps=(2, 4, 8, 16, 32)):
     with np.load(selections) as f:
         row = f["steps"].tolist().index(step)
@@ -158,15 +175,17 @@ def validation_section(links, fits, own, fit_step=None, uniform=True):
 OTHER_ALPHAS = (25e-6, 150e-6)
 
 
-def prediction_tables(base, overlap, alpha_label="alpha", other_alphas=OTHER_ALPHAS):
+def prediction_tables(base, overlap, alpha_label="alpha", other_alphas=OTHER_ALPHAS, own=None):
+    """``own``: {model name: its own overlap trend}, else ``overlap``."""
     out, sweeps, others = [], {}, {a: {} for a in other_alphas}
     for gbps in LINKS:
         cost = base.on_link(gbps)
         for name, n in MODELS.items():
             k = int(round(0.01 * n))
-            sweeps[(gbps, name)] = ec.sweep(n, k, PS, cost, ORDER, overlap)
+            trend = (own or {}).get(name, overlap)
+            sweeps[(gbps, name)] = ec.sweep(n, k, PS, cost, ORDER, trend)
             for alpha, table in others.items():
-                table[(gbps, name)] = ec.sweep(n, k, PS, base.on_link(gbps, alpha), ORDER, overlap)
+                table[(gbps, name)] = ec.sweep(n, k, PS, base.on_link(gbps, alpha), ORDER, trend)
     # seconds per exchange, BERT-base
     name = next(iter(MODELS))
     head = "| link | algorithm | " + " | ".join(f"P = {p}" for p in PS) + " |"
@@ -294,6 +313,9 @@ def main(argv=None):
                    help="fit the per-message cost too (default: the ping-pong records' measured one, where given)")
     p.add_argument("--fit-bandwidth", action="store_true",
                    help="fit each link's bandwidth too (default: its nominal rate, from the records' rate)")
+    p.add_argument("--unions", nargs="*", metavar="NAME=FILE",
+                   help="a model's own overlap trend (NAME: the start of a predicted model's name, FILE: "
+                        "record_selections.py --out FILE.json); the others take --selections'")
     p.add_argument("--base", default="10gbit", help="the link whose fitted alpha and gamma go to the predictions")
     p.add_argument("--plot")
     p.add_argument("--page")
@@ -309,13 +331,19 @@ def main(argv=None):
             p.error("--overlap trend needs --selections")
         overlap, unions = overlap_trend(a.selections, a.step)
     base = fits[a.base]
-    preds, sweeps, cross = prediction_tables(base, overlap, "fitted alpha" if alpha is None else "measured alpha")
+    own = model_unions(a.unions)
+    preds, sweeps, cross = prediction_tables(base, overlap, "fitted alpha" if alpha is None else "measured alpha",
+                                             own={name: o[0] for name, o in own.items()})
     steps = step_table(base, overlap)
     today = _dt.date.today().isoformat()
     ov = ("uniform bound (independent selections)" if overlap is None else
           f"measured trend at recorded step {a.step}: union = {overlap.coefficient:.3f} k P^{overlap.exponent:.3f} "
           f"(from P = {', '.join(map(str, unions))}: {', '.join(f'{u:,}' for u in unions.values())}), "
           "capped by the uniform union")
+    for name, (trend, unions_, path, workload, step) in own.items():
+        ov += (f"; for {name}, its own: {workload}'s selections at step {step} "
+               f"({os.path.relpath(path, _REPO)}): union = {trend.coefficient:.3f} k P^{trend.exponent:.3f} "
+               f"(from P = {', '.join(map(str, unions_))}: {', '.join(f'{u:,}' for u in unions_.values())})")
     text = (f"generated {today} by `scripts/predict_scale.py` from "
             f"{', '.join(os.path.relpath(x, _REPO) for x in a.records)}\n\n"
             f"**Fit** (joint over the links, and each link alone; non-negative least squares on relative error; "

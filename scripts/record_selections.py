@@ -13,7 +13,9 @@ Output: one compressed ``.npz`` with ``indices`` (int32, ``(steps, P, k)``, sort
 each row), ``values`` (float32, the same shape), ``steps`` (the recorded step numbers),
 ``n``, ``k``, ``density``, ``P``, and ``meta`` (a JSON string: workload, size, optimizer,
 command, date). ``bench_exchange.py --selections FILE --step S`` gives rank r the selection
-of simulated rank r at recorded step S.
+of simulated rank r at recorded step S. With ``--out FILE.json`` only the overlap is kept: per
+recorded step, the union of the first P ranks' selections for P = 2, 4, ... (what
+``predict_scale.py --unions`` reads), a few hundred bytes instead of the selections.
 
     python scripts/record_selections.py --workload stdlib_lm --size layers=2,d_model=256,heads=4 \\
         --ranks 32 --steps 21 --record 0,10,20 --out docs/results/data/oktopk-scale/selections.npz
@@ -47,6 +49,16 @@ def top_k(flat, k):
     chosen = torch.topk(flat.abs(), k, sorted=False).indices
     chosen = torch.sort(chosen).values
     return chosen.numpy().astype(np.int32), flat[chosen].numpy().astype(np.float32)
+
+
+def unions(selections):
+    """``{P: distinct indices in the first P rows}`` for P = 2, 4, ... up to the rows (the
+    selections' overlap: P independent uniform selections would hold the most)."""
+    out, P = {}, 2
+    while P <= selections.shape[0]:
+        out[str(P)] = int(np.unique(selections[:P].astype(np.int64)).size)
+        P *= 2
+    return out
 
 
 def main(argv=None):
@@ -129,6 +141,11 @@ def main(argv=None):
         "seconds": round(time.perf_counter() - t0, 1),
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    if args.out.endswith(".json"):
+        with open(args.out, "w") as f:
+            json.dump({**meta, "unions": {str(s): unions(indices[i]) for i, s in enumerate(record)}}, f, indent=1)
+        print(f"[record] wrote {args.out} (the unions of the selections)", flush=True)
+        return 0
     np.savez_compressed(args.out, indices=indices, values=values, steps=np.array(record, np.int64),
                         n=np.int64(n), k=np.int64(k), density=np.float64(args.density),
                         P=np.int64(args.ranks), meta=np.array(json.dumps(meta)))

@@ -82,3 +82,23 @@ def test_record_selections_writes_what_bench_exchange_reads(tmp_path):
     assert indices.dtype == np.int32 and values.dtype == np.float32
     assert all(np.all(np.diff(row) > 0) for row in indices) and indices.max() < n
     assert meta["recorded_steps"] == [0, 2] and meta["P"] == 3
+
+
+def test_record_selections_keeps_only_the_unions_in_json(tmp_path):
+    """``--out FILE.json``: per recorded step, the distinct indices of the first P ranks'
+    selections, P = 2, 4, ...: at least k and at most P k, growing with P; predict_scale reads it."""
+    import json
+    record = load_script("record_selections")
+    out = tmp_path / "u.json"
+    assert record.main(["--size", "layers=1,d_model=32,heads=2", "--ranks", "4", "--steps", "3",
+                        "--record", "2", "--density", "0.05", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    unions = {int(P): u for P, u in data["unions"]["2"].items()}
+    k = data["k"]
+    assert sorted(unions) == [2, 4] and k <= unions[2] <= unions[4] <= 4 * k and unions[2] <= 2 * k
+    predict = load_script("predict_scale")
+    own = predict.model_unions([f"ResNet-18={out}"])
+    ((name, (trend, got, *_)),) = own.items()
+    assert name.startswith("ResNet-18") and got == unions and trend.union(10**9, k, 2) == pytest.approx(unions[2])
+    with pytest.raises(SystemExit):
+        predict.model_unions([f"VGG={out}"])
