@@ -87,11 +87,17 @@ def model_unions(specs):
     return out
 
 
-def overlap_trend(selections, step, Ps=(2, 4, 8, 16, 32)):
+def _trend_text(trend, unions):
+    """An overlap trend in words, with the unions it was fitted to."""
+    return (f"union = {trend.coefficient:.3f} k P^{trend.exponent:.3f} (from P = {', '.join(map(str, unions))}: "
+            f"{', '.join(f'{u:,}' for u in unions.values())})")
+
+
+def overlap_trend(selections, step):
     with np.load(selections) as f:
         row = f["steps"].tolist().index(step)
         idx, k = f["indices"][row], int(f["k"])
-    unions = {P: np.unique(idx[:P].astype(np.int64)).size for P in Ps if P <= idx.shape[0]}
+    unions = ec.selection_unions(idx)
     return ec.Overlap.fitted(unions, k), unions
 
 
@@ -323,27 +329,24 @@ def main(argv=None):
     records, pingpongs = load_records(a.records)
     links = by_link(records)
     alpha = None if a.fit_alpha else measured_alpha(pingpongs)
-    fit_md, fits, own = fit_section(links, a.fit_step, a.fit_bandwidth, alpha, not a.recorded_only)
-    val_md, _ = validation_section(links, fits, own, a.fit_step, not a.recorded_only)
+    fit_md, fits, alone = fit_section(links, a.fit_step, a.fit_bandwidth, alpha, not a.recorded_only)
+    val_md, _ = validation_section(links, fits, alone, a.fit_step, not a.recorded_only)
     overlap, unions = None, {}
     if a.overlap == "trend":
         if not a.selections:
             p.error("--overlap trend needs --selections")
         overlap, unions = overlap_trend(a.selections, a.step)
     base = fits[a.base]
-    own = model_unions(a.unions)
+    own_trends = model_unions(a.unions)
     preds, sweeps, cross = prediction_tables(base, overlap, "fitted alpha" if alpha is None else "measured alpha",
-                                             own={name: o[0] for name, o in own.items()})
+                                             own={name: o[0] for name, o in own_trends.items()})
     steps = step_table(base, overlap)
     today = _dt.date.today().isoformat()
     ov = ("uniform bound (independent selections)" if overlap is None else
-          f"measured trend at recorded step {a.step}: union = {overlap.coefficient:.3f} k P^{overlap.exponent:.3f} "
-          f"(from P = {', '.join(map(str, unions))}: {', '.join(f'{u:,}' for u in unions.values())}), "
-          "capped by the uniform union")
-    for name, (trend, unions_, path, workload, step) in own.items():
+          f"measured trend at recorded step {a.step}: {_trend_text(overlap, unions)}, capped by the uniform union")
+    for name, (trend, own_unions, path, workload, step) in own_trends.items():
         ov += (f"; for {name}, its own: {workload}'s selections at step {step} "
-               f"({os.path.relpath(path, _REPO)}): union = {trend.coefficient:.3f} k P^{trend.exponent:.3f} "
-               f"(from P = {', '.join(map(str, unions_))}: {', '.join(f'{u:,}' for u in unions_.values())})")
+               f"({os.path.relpath(path, _REPO)}): {_trend_text(trend, own_unions)}")
     text = (f"generated {today} by `scripts/predict_scale.py` from "
             f"{', '.join(os.path.relpath(x, _REPO) for x in a.records)}\n\n"
             f"**Fit** (joint over the links, and each link alone; non-negative least squares on relative error; "

@@ -34,6 +34,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from horovod_sparse.whatif.exchange_cost import selection_unions  # noqa: E402  (no framework at import)
 from horovod_sparse.workloads import parse_size  # noqa: E402  (stdlib only at import)
 
 
@@ -49,16 +50,6 @@ def top_k(flat, k):
     chosen = torch.topk(flat.abs(), k, sorted=False).indices
     chosen = torch.sort(chosen).values
     return chosen.numpy().astype(np.int32), flat[chosen].numpy().astype(np.float32)
-
-
-def unions(selections):
-    """``{P: distinct indices in the first P rows}`` for P = 2, 4, ... up to the rows (the
-    selections' overlap: P independent uniform selections would hold the most)."""
-    out, P = {}, 2
-    while P <= selections.shape[0]:
-        out[str(P)] = int(np.unique(selections[:P].astype(np.int64)).size)
-        P *= 2
-    return out
 
 
 def main(argv=None):
@@ -143,7 +134,8 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     if args.out.endswith(".json"):
         with open(args.out, "w") as f:
-            json.dump({**meta, "unions": {str(s): unions(indices[i]) for i, s in enumerate(record)}}, f, indent=1)
+            json.dump({**meta, "unions": {str(s): selection_unions(indices[i]) for i, s in enumerate(record)}},
+                      f, indent=1)
         print(f"[record] wrote {args.out} (the unions of the selections)", flush=True)
         return 0
     np.savez_compressed(args.out, indices=indices, values=values, steps=np.array(record, np.int64),

@@ -64,11 +64,12 @@ def sum_duplicates(index_pieces, value_pieces, value_dtype):
         indices = np.concatenate([np.asarray(p) for p in index_pieces])            # step 1
         values = np.concatenate([np.asarray(p) for p in value_pieces])
     if cpu.enabled() and indices.size and indices.dtype.kind in "iu" and values.dtype.kind == "f":
-        runs = sorted_runs(indices, MERGED_RUNS)
+        bounds = np.empty(MERGED_RUNS + 1, np.int64)
+        runs = sorted_runs(indices, bounds)
         if runs <= MERGED_RUNS:
             out_index, out_sum = np.empty(indices.size, np.int64), np.empty(indices.size, value_dtype)
             spare = (2, indices.size) if runs > 2 else (2, 0)
-            count = sum_sorted_runs(indices, values, runs, out_index, out_sum,
+            count = sum_sorted_runs(indices, values, bounds[:runs + 1], out_index, out_sum,
                                     np.empty(spare, np.int64), np.empty(spare, np.float64))
             return out_index[:count], out_sum[:count]
     if indices.size > 1 and not np.all(indices[1:] > indices[:-1]):

@@ -8,24 +8,24 @@ the engine's collectives wait for the slowest rank, and every rank's link is its
     t = t_call + alpha M + beta W + c (gamma_a R + kappa_a k),    W = max(0, B - burst)
 
 with M the most messages any rank sends in the call, B the most bytes any rank sends, R the
-most bytes any rank receives, k the entries each rank selected (the exchange's input). gTop-k's tree levels run one after the other, so for it M is the
-root's messages both ways, and W adds to the root's own sends the transfers it receives in
-turn, each leaving its sender's link: ``chain_messages`` x max(0, their mean size - burst)
-(:func:`busiest`). t_call is the engine's fixed work per call (its header, checks and result,
-whatever the volume); alpha and beta = 8 / bandwidth are :class:`.model.Network`'s ``latency_s``
-and ``bandwidth_bps`` (the what-if model's link); gamma_a is algorithm a's local work per byte
-received (adding for dense, merging the received sparse vectors for the others: they differ
-by a factor of 100 per byte) and kappa_a its work per entry of its own selection (sorting,
-splitting and packing it; none for dense, which densifies n); c = max(1, P / cores) is the oversubscription of the machine
-that was timed (1 where every rank has its own core); ``burst`` is the emulated link's token
-bucket (``tc tbf burst``, 256 KiB in scripts/netem.py: that much leaves a sender at the speed
-of the host, not of the link, once per sender and call), 0 on a real link. :func:`fit` and
+most bytes any rank receives, k the entries each rank selected (the exchange's input). gTop-k's
+tree levels run one after the other, so for it M is the root's messages both ways, and W adds
+to the root's own sends the transfers it receives in turn, each leaving its sender's link:
+``chain_messages`` x max(0, their mean size - burst) (:func:`busiest`). t_call is the engine's
+fixed work per call (its header, checks and result, whatever the volume); alpha and beta = 8 /
+bandwidth are :class:`.model.Network`'s ``latency_s`` and ``bandwidth_bps`` (the what-if
+model's link); gamma_a is algorithm a's local work per byte received (adding for dense, merging
+the received sparse vectors for the others: they differ by a factor of 100 per byte) and
+kappa_a its work per entry of its own selection (sorting, splitting and packing it; none for
+dense, which densifies n); c = max(1, P / cores) is the oversubscription of the machine that
+was timed (1 where every rank has its own core); ``burst`` is the emulated link's token bucket
+(``tc tbf burst``, 256 KiB in scripts/netem.py: that much leaves a sender at the speed of the
+host, not of the link, once per sender and call), 0 on a real link. :func:`fit` and
 :func:`fit_links` find the costs by non-negative least squares on relative error from timed
-records (``scripts/bench_exchange.py``: each record holds every rank's counters for each
-timed call), with beta the link's nominal rate where it is known and alpha measured apart
-where given (a ping-pong: timed calls hardly tell a message from the work around it);
-:func:`features` reads (M, B, R, k) from a record, :func:`critical_volume` from the closed
-forms at any P.
+records (``scripts/bench_exchange.py``: each record holds every rank's counters for each timed
+call), with beta the link's nominal rate where it is known and alpha measured apart where given
+(a ping-pong: timed calls hardly tell a message from the work around it); :func:`features`
+reads (M, B, R, k) from a record, :func:`critical_volume` from the closed forms at any P.
 
 It leaves out: the time a rank waits for a slower peer's local work (only the busiest rank's
 counters enter), the selection of the top-k itself (the exchange starts from it), contention
@@ -117,8 +117,9 @@ def busiest(algorithm, per_rank, oversubscription=1.0, selected=0.0):
     path: each level's transfer is received, then (broadcast) sent, by the root in turn, so
     the root's (the rank that moves the most bytes both ways) messages both ways count, its
     own sends as ``bytes_sent`` and what it receives as the chain. ``selected``: the entries
-    each rank put in (k; 0 for dense, whose work does not depend on it)."""
+    each rank put in (k), kept as 0 for dense, whose work does not depend on it."""
     received = float(max(br for _, _, br, _ in per_rank))
+    selected = 0.0 if algorithm == "dense" else float(selected)
     if algorithm == "gtopk":
         ms, bs, br, mr = max(per_rank, key=lambda r: (r[1] + r[2], r[0] + r[3]))
         return Features(float(ms + mr), float(bs), received, algorithm, float(oversubscription),
@@ -142,12 +143,12 @@ def features(record, call=None, cores=None):
     for c in calls:
         received = c.get("messages_received", c["messages_sent"])
         per.append(busiest(record["algorithm"], list(zip(c["messages_sent"], c["bytes_sent"],
-                                                         c["bytes_received"], received))))
+                                                         c["bytes_received"], received)),
+                           selected=record.get("k", 0)))
     mean = {x: float(np.mean([getattr(f, x) for f in per]))
             for x in ("messages", "bytes_sent", "bytes_received", "chain_messages", "chain_bytes")}
-    selected = 0.0 if record["algorithm"] == "dense" else float(record.get("k", 0))
     return Features(algorithm=record["algorithm"], oversubscription=oversubscription(record, cores),
-                    selected=selected, **mean)
+                    selected=per[0].selected if per else 0.0, **mean)
 
 
 def measured_seconds(record):
@@ -230,6 +231,21 @@ def validation(records, cost, cores=None):
 
 
 # ------------------------------------------------------------------ closed forms at any P
+def selection_unions(selections):
+    """``{P: distinct indices among the first P rows}`` of ``selections`` (one rank's selected
+    indices per row) for P = 2, 4, ... up to the rows: how much real ranks' selections overlap
+    (P independent uniform ones would hold the most); what :meth:`Overlap.fitted` takes.
+
+    >>> selection_unions(np.array([[0, 1], [1, 2], [2, 3], [3, 4]]))
+    {2: 3, 4: 5}
+    """
+    out, P = {}, 2
+    while P <= selections.shape[0]:
+        out[P] = int(np.unique(np.asarray(selections[:P], np.int64)).size)
+        P *= 2
+    return out
+
+
 @dataclass(frozen=True)
 class Overlap:
     """The union of the P ranks' selections as ``coefficient * k * P**exponent`` (capped by
@@ -274,7 +290,6 @@ def critical_volume(algorithm, n, k, P, overlap=None, call=1):
     whether it repartitions and computes the exact threshold (call 1: neither)."""
     if P <= 1:
         return Features(0.0, 0.0, 0.0, algorithm)
-    selected = 0.0 if algorithm == "dense" else float(k)
     kw = {}
     if algorithm in ("dsa", "oktopk"):
         kw["stats"] = _stats(n, k, P, overlap)
@@ -283,7 +298,7 @@ def critical_volume(algorithm, n, k, P, overlap=None, call=1):
         kw.update(repartition=repartition, exact=exact)
     per = [vol.volume(algorithm, n, k, P, r, **kw) for r in _ranks(algorithm, P)]
     return busiest(algorithm, [(v.messages_sent, v.bytes_sent, v.bytes_received, v.messages_received)
-                               for v in per], selected=selected)
+                               for v in per], selected=k)
 
 
 def predict_seconds(algorithm, n, k, P, cost, overlap=None, amortized=True):
@@ -356,6 +371,6 @@ def default_cost(gbps, latency_s=None):
                         dict(FITTED["local_s_per_selected"]))
 
 
-__all__ = ["Features", "ExchangeCost", "Overlap", "busiest", "features", "oversubscription", "NETEM_BURST_BYTES",
+__all__ = ["Features", "ExchangeCost", "Overlap", "selection_unions", "busiest", "features", "oversubscription", "NETEM_BURST_BYTES",
            "fit", "fit_links", "validation", "critical_volume", "predict_seconds", "sweep", "crossover",
            "lead_until", "fastest", "default_cost", "FITTED"]

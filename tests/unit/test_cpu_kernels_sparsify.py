@@ -243,8 +243,15 @@ def test_sum_of_sorted_runs_equals_numpys_sort_and_add_at(runs, kind):
             split = sum_duplicates([p.astype(index_dtype) for p in pieces_i], pieces_v, value_dtype)
             assert _same_bits(split[0], want[0]) and _same_bits(split[1], want[1])
     from horovod_sparse.ops.cpu.sparsify import sorted_runs
-    counted = sorted_runs(np.concatenate(pieces_i), MERGED_RUNS)
-    assert counted == min(MERGED_RUNS + 1, np.count_nonzero(np.diff(np.concatenate(pieces_i)) < 0) + 1)
+    joined = np.concatenate(pieces_i)
+    starts = np.flatnonzero(np.diff(joined) < 0) + 1
+    bounds = np.empty(MERGED_RUNS + 1, np.int64)
+    counted = sorted_runs(joined, bounds)
+    if starts.size + 1 <= MERGED_RUNS:
+        assert counted == starts.size + 1
+        assert np.array_equal(bounds[:counted + 1], np.concatenate(([0], starts, [joined.size])))
+    else:
+        assert counted == MERGED_RUNS + 1
 
 
 def test_sum_of_sorted_runs_on_a_float64_accumulator_and_unsorted_input():

@@ -152,15 +152,23 @@ def sorted_membership(a, b, out):
 
 
 @jit
-def sorted_runs(index, most):
-    """How many sorted (non-decreasing) runs ``index`` is made of; ``most + 1`` once there are
-    more than ``most`` (the scan stops there)."""
-    runs = 1 if index.shape[0] > 0 else 0
-    for i in range(1, index.shape[0]):
+def sorted_runs(index, bounds):
+    """Where the sorted (non-decreasing) runs of ``index`` start, into ``bounds`` (``bounds[r]``
+    the start of run r, then ``bounds[runs] = n``); returns ``runs``, or ``bounds.shape[0]``
+    (nothing more written) once there are more runs than ``bounds`` holds starts for."""
+    n = index.shape[0]
+    if n == 0:
+        bounds[0] = 0
+        return 0
+    most = bounds.shape[0] - 1
+    bounds[0], runs = 0, 1
+    for i in range(1, n):
         if index[i] < index[i - 1]:
+            if runs == most:
+                return most + 1
+            bounds[runs] = i
             runs += 1
-            if runs > most:
-                break
+    bounds[runs] = n
     return runs
 
 
@@ -197,27 +205,23 @@ def _merge_sum(a_index, a_values, a_lo, a_hi, b_index, b_values, b_lo, b_hi, out
 
 
 @jit
-def sum_sorted_runs(index, values, runs, out_index, out_sum, spare_index, spare_sum):
-    """The sum of a concatenation of ``runs`` sorted runs (one per rank, as an allgather delivers
-    them; :func:`sorted_runs` counts them): unique indices and their sums into ``out`` (sums in
-    its dtype); returns the entries. The first two runs are merged, then each next one into what
-    the earlier made (float64 sums in ``spare``, two buffers of the input's length from three
-    runs on, else unused), so every index's values are added in the order they come, as the
-    stable sort + ``np.add.at`` of :func:`~horovod_sparse.exchange.sparse_ops.sum_duplicates`
-    adds them: the same bits, in one pass per run instead of a sort (TopkA's merge of (P-1)k
-    received pairs; the warm-up's large counts)."""
-    n = index.shape[0]
-    bounds = np.empty(runs + 1, np.int64)
-    bounds[0], r = 0, 1
-    for i in range(1, n):
-        if index[i] < index[i - 1]:
-            bounds[r] = i
-            r += 1
-    bounds[runs] = n
+def sum_sorted_runs(index, values, bounds, out_index, out_sum, spare_index, spare_sum):
+    """The sum of a concatenation of sorted runs (one per rank, as an allgather delivers them;
+    ``bounds``: where they start, then the length, as :func:`sorted_runs` finds them): unique
+    indices and their sums into ``out`` (sums in its dtype); returns the entries. The first
+    two runs are merged, then each next one into what the earlier made (float64 sums in
+    ``spare``, two buffers of the input's length from three runs on, else unused), so every
+    index's values are added in the order they come, as the stable sort + ``np.add.at`` of
+    :func:`~horovod_sparse.exchange.sparse_ops.sum_duplicates` adds them: the same bits, in
+    one pass per run instead of a sort (TopkA's merge of (P-1)k received pairs; the warm-up's
+    large counts)."""
+    runs = bounds.shape[0] - 1
+    n = bounds[runs]
     if runs <= 2:
         middle = bounds[1] if runs == 2 else n
         return _merge_sum(index, values, 0, middle, index, values, middle, n, out_index, out_sum)
-    count = _merge_sum(index, values, 0, bounds[1], index, values, bounds[1], bounds[2], spare_index[0], spare_sum[0])
+    count = _merge_sum(index, values, 0, bounds[1], index, values, bounds[1], bounds[2],
+                       spare_index[0], spare_sum[0])
     src = 0
     for r in range(2, runs):
         lo, hi = bounds[r], bounds[r + 1]
