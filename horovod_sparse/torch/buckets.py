@@ -88,13 +88,11 @@ class StepSum:
         self.sparse = isinstance(summed, tuple)
         if self.sparse:
             indices, self.values = summed
-            # Where each gradient's pairs start and end (one binary search per gradient), and
-            # every index made relative to its gradient in one op over all of them.
+            # Where each gradient's pairs start and end: one binary search per gradient. The
+            # indices stay the fused buffer's; write() places them at its gradient's offset.
             starts = torch.tensor(layout.starts, dtype=indices.dtype, device=indices.device)
-            ends = torch.searchsorted(indices, starts)
-            local = indices - torch.repeat_interleave(starts[:-1], ends.diff())
-            bounds = ends.tolist()
-            self.parts = {e.key: (local[bounds[i]:bounds[i + 1]], slice(bounds[i], bounds[i + 1]))
+            bounds = torch.searchsorted(indices, starts).tolist()
+            self.parts = {e.key: (indices[bounds[i]:bounds[i + 1]], slice(bounds[i], bounds[i + 1]))
                           for i, e in enumerate(layout.entries)}
             self._scaled = {1.0: self.values}  # scale -> values * scale: once per step, not per gradient
         else:
@@ -114,10 +112,10 @@ class StepSum:
             values = self._scaled[scale][part]
             if cpu.enabled() and out.dtype == values.dtype == torch.float32 and out.device.type == "cpu" \
                     and values.device.type == "cpu":  # zeros and sums in one sequential pass
-                scatter_dense(flat_out.numpy(), indices.numpy(), values.numpy())
+                scatter_dense(flat_out.numpy(), indices.numpy(), values.numpy(), entry.offset)
             else:
                 flat_out.zero_()
-                flat_out.index_copy_(0, indices.to(out.device), values.to(out.device, out.dtype))
+                flat_out.index_copy_(0, (indices - entry.offset).to(out.device), values.to(out.device, out.dtype))
         else:
             part = self.parts[key]
             if scale == 1.0:

@@ -111,6 +111,9 @@ def test_scatter_dense_equals_numpy(n):
     want = np.zeros(n, np.float32)
     want[idx] = values
     assert_bits(out, want)
+    # indices into a fused buffer, the gradient at offset 1000 in it
+    kernels.scatter_dense(out, idx + 1000, values, 1000)
+    assert_bits(out, want)
 
 
 @needs_numba

@@ -56,12 +56,14 @@ def accumulate_pick(grad, residual, acc, indices, values):
 
 
 @jit
-def scatter_dense(out, indices, values):
-    """``out[:] = 0; out[indices] = values`` in one pass (``indices`` sorted, distinct)."""
+def scatter_dense(out, indices, values, offset=0):
+    """``out[:] = 0; out[indices - offset] = values`` in one pass (``indices`` sorted, distinct;
+    ``offset``: where ``out`` starts in the buffer the indices point into, so that a fused
+    buffer's indices need no relative copy)."""
     one = np.uint64(1)
     start = np.uint64(0)
     for j in range(indices.size):
-        stop = np.uint64(indices[j])
+        stop = np.uint64(indices[j] - offset)
         for i in range(start, stop):
             out[i] = 0
         out[stop] = values[j]
