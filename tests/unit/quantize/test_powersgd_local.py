@@ -243,14 +243,14 @@ def test_bad_parameters_name_themselves(name, value):
 def test_registered_with_defaults_and_spec():
     assert "powersgd" in horovod_sparse.available()
     c = horovod_sparse.create("powersgd")
-    assert c.params == dict(rank=1, error_feedback=True, warm_start=True, min_compression_rate=2.0, seed=0,
+    assert c.params == dict(rank=2, error_feedback=True, warm_start=True, min_compression_rate=2.0, seed=0,
                             warmup_steps=0)  # the tests' conftest turns the warm-up off
     assert horovod_sparse.create(c.spec).params == c.params
     assert horovod_sparse.create("powersgd:rank=4,warm_start=false").params["rank"] == 4
     with pytest.raises(ValueError, match="layout"):
         c.make_pipeline(LAYOUT.n + 1, MPI.COMM_SELF, layout=LAYOUT)
     with c.make_pipeline(LAYOUT.n, MPI.COMM_SELF, layout=LAYOUT) as p:
-        assert isinstance(p, PowerSGDPipeline) and p.approx_rank == 1
+        assert isinstance(p, PowerSGDPipeline) and p.approx_rank == 2
 
 
 @pytest.mark.parametrize("bad", [np.zeros(LAYOUT.n + 1, np.float32), np.zeros((2, 5), np.float32),
