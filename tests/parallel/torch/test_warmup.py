@@ -166,7 +166,7 @@ def train_with_auto(optimizer, **auto_args):
 def test_auto_under_adam_or_momentum_keeps_to_the_candidates_that_keep_quality(optimizer, name, kind, candidates,
                                                                                assert_identical_across_ranks):
     """Under Adam's family or SGD with momentum auto's quality guard keeps fp16, none and the
-    8-bit quantizer with error feedback: top-k and PowerSGD cost them 2-17% (docs/results/accuracy.md).
+    8-bit quantizer with error feedback: top-k and PowerSGD at their defaults cost them 2-10% (docs/results/accuracy.md).
     Under plain SGD it keeps every candidate (test_auto_warms_up_on_fp16_then_profiles)."""
     chosen = {} if candidates is None else {"candidates": candidates}
     model, compression, choices = train_with_auto(optimizer, **chosen)
