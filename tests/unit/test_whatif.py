@@ -233,8 +233,10 @@ def test_wire_formulas():
     assert wire.fused_exchange("gtopk:density=0.01", n, p)[0] == pytest.approx(2 * 8 * k + 4 * k)
     assert wire.fused_exchange("signsgd", n, p)[0] == pytest.approx(2 * 3 / 4 * n / 8)
     assert wire.fused_exchange("signsgd:method=allgather", n, p)[0] == pytest.approx(3 * n / 8)
-    # powersgd: rank-1 P and Q of a 1000 x 1000 matrix, plus a dense vector of 1000
+    # powersgd at its default rank 2: P and Q of a 1000 x 1000 matrix, plus a dense vector of 1000
     assert wire.fused_exchange("powersgd", 1_001_000, 2, [[1000, 1000], [1000]])[0] == \
+        pytest.approx(4 * (2 * 2000 + 1000))
+    assert wire.fused_exchange("powersgd:rank=1", 1_001_000, 2, [[1000, 1000], [1000]])[0] == \
         pytest.approx(4 * (2000 + 1000))
     assert wire.fused_exchange("topk", n, 1) == (0.0, 0)
     assert wire.fused_exchange("threshold:value=1", n, 2, sent_fraction=0.5)[0] == pytest.approx(8 * n / 2)

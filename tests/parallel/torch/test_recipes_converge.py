@@ -5,17 +5,17 @@ stated margin of dense's after the same steps, and every rank ends with bitwise-
 parameters.
 
 Short on purpose: the workload's ``ByteTransformer`` at 2 layers x d_model 128 for 60 steps,
-batch 4 per rank, warm-up 10 steps. The margins are measured, not guessed (2026-11-26, the
-2-core checkout VM, validation loss in nats per byte after 60 steps, compressed minus dense):
+batch 4 per rank, warm-up 10 steps. The margins are measured, not guessed (the 2-core checkout
+VM, validation loss in nats per byte after 60 steps, compressed minus dense, at P = 2, 3 and 4;
+PowerSGD at its default rank 2, 2026-11-27, the rest 2026-11-26 and again then):
 
-- AdamW: dense 3.047 (P=2), 3.029 (P=3); top-k 0.01 +0.074, +0.067; PowerSGD rank 1 +0.039,
-  +0.039; without the warm-up (P=2) top-k +0.51, PowerSGD +0.10.
-- momentum SGD: dense 2.842, 2.822; top-k +0.040, +0.035; PowerSGD +0.078, +0.083; without the
-  warm-up top-k +0.065, PowerSGD +0.15.
+- AdamW: dense 3.047, 3.029, 3.018; top-k 0.01 +0.074, +0.067, +0.066; PowerSGD +0.017, +0.021,
+  +0.023; without the warm-up (P = 2, 2026-11-26) top-k +0.51.
+- momentum SGD: dense 2.842, 2.822, 2.825; top-k +0.040, +0.035, +0.033; PowerSGD +0.038,
+  +0.041, +0.038; without the warm-up top-k +0.065.
 
-A margin is the worst gap with the warm-up, plus a third: the runs without it fail the AdamW
-margin (top-k by 5x) and PowerSGD's under momentum. The long runs behind the numbers users see
-are in docs/results/accuracy.md.
+A margin is the worst gap with the warm-up, plus a third: top-k without it fails both (under
+AdamW by 5x). The long runs behind the numbers users see are in docs/results/accuracy.md.
 """
 import horovod.torch as hvd
 import pytest
@@ -27,7 +27,7 @@ from horovod_sparse.workloads import recipes, stdlib_lm
 STEPS, BATCH, WARMUP = 60, 4, 10
 SIZE = dict(layers=2, d_model=128, heads=4)
 #: nats per byte a compressed run may end above dense, per recipe (module docstring)
-MARGIN = {"adamw": 0.1, "momentum": 0.11}
+MARGIN = {"adamw": 0.1, "momentum": 0.055}
 COMPRESSIONS = {"dense": lambda: hvd.Compression.none,
                 "topk": lambda: hvds.Compression.topk(density=0.01, warmup_steps=WARMUP),
                 "powersgd": lambda: hvds.Compression.powersgd(warmup_steps=WARMUP)}
