@@ -397,8 +397,9 @@ def cmd_whatif_sparse(args, parser, trace, out):
         return 0
     base = ec.default_cost(1.0)
     print(f"{trace.model}: n = {n:,} elements, k = {k:,} (density {args.density:g}); one exchange, predicted "
-          f"from the closed forms with {base.alpha_s * 1e6:.0f} us per message (measured), {base.call_s * 1e6:.0f} us "
-          "per call and each algorithm's local work per byte received and per entry selected, fitted to timed "
+          f"from the closed forms with {base.alpha_s * 1e6:.0f} us per message (measured), "
+          f"{min(base.call_s.values()) * 1e6:.0f}-{max(base.call_s.values()) * 1e6:.0f} us per call and each "
+          "algorithm's local work per byte received and per entry selected, fitted to timed "
           "exchanges (docs/results/oktopk-scale.md)",
           file=out)
     _table("predicted ms per exchange", ["workers", "Gbit/s"] + list(LABELS.values()) + ["fastest"],

@@ -44,12 +44,13 @@ TRACES = ("resnet50", "vgg16")
 
 
 def load_records(paths):
-    """(exchange records, ping-pong records) of the files."""
+    """(exchange records, ping-pong records) of the files; a case timed in several rounds is one
+    record, its rounds' calls pooled (:func:`~horovod_sparse.whatif.exchange_cost.pool_rounds`)."""
     out = []
     for path in paths:
         with open(path) as f:
             out += [json.loads(line) for line in f if line.strip()]
-    return [r for r in out if r.get("per_call")], [r for r in out if r.get("kind") == "pingpong"]
+    return ec.pool_rounds([r for r in out if r.get("per_call")]), [r for r in out if r.get("kind") == "pingpong"]
 
 
 def measured_alpha(pingpongs):
@@ -114,7 +115,10 @@ def fit_section(links, step=None, fit_bandwidth=False, alpha=None, uniform=True)
                         latency_s=alpha)
            for rate, recs in mine.items()}
     sparse = [a for a in ORDER if a != "dense"]
-    head = ("| fit | link | records | per call (us) | alpha: per message (us) | beta: per byte sent (ns) = Gbit/s | "
+    head = ("| fit | link | records | "
+            + " | ".join(f"per call {LABELS[a]} (us)" for a in ORDER)
+            + " | alpha: per message (us) | wait per message per other rank on a core (us) | "
+            "beta: per byte sent (ns) = Gbit/s | "
             + " | ".join(f"gamma {LABELS[a]} (ns/B received)" for a in ORDER) + " | "
             + " | ".join(f"kappa {LABELS[a]} (ns/entry)" for a in sparse) + " |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
@@ -123,8 +127,10 @@ def fit_section(links, step=None, fit_bandwidth=False, alpha=None, uniform=True)
             bw = "no cost (burst covers it)" if c.beta_s == 0 else f"{c.beta_s * 1e9:.3f} = {c.network.gbps:.2f}"
             if nominal:
                 bw += " (nominal)"
-            lines.append(f"| {label} | {rate} | {len(mine[rate])} | {c.call_s * 1e6:.0f} | {c.alpha_s * 1e6:.1f}"
-                         f"{' (measured)' if alpha is not None else ''} | {bw} | "
+            lines.append(f"| {label} | {rate} | {len(mine[rate])} | "
+                         + " | ".join(f"{c.call_s.get(a, 0.0) * 1e6:.0f}" for a in ORDER)
+                         + f" | {c.alpha_s * 1e6:.1f}{' (measured)' if alpha is not None else ''} | "
+                         f"{c.wakeup_s * 1e6:.1f} | {bw} | "
                          + " | ".join(f"{c.local_s_per_byte.get(a, 0.0) * 1e9:.3f}" for a in ORDER) + " | "
                          + " | ".join(f"{c.local_s_per_selected.get(a, 0.0) * 1e9:.1f}" for a in sparse) + " |")
     return "\n".join(lines) + "\n", joint, own
@@ -143,9 +149,9 @@ def _step_label(record):
 
 def validation_section(links, fits, own, fit_step=None, uniform=True):
     lines = ["| link | step | algorithm | P | ranks per core | messages (critical) | MB sent (critical) | "
-             "MB received (busiest) | measured ms (median) | min-max ms | predicted ms (joint fit) | error | "
-             "predicted (link alone) | error |",
-             "|" + " --- |" * 14]
+             "MB received (busiest) | measured ms (median) | min-max ms | rounds' medians ms | predicted ms (joint fit) | "
+             "error | predicted (link alone) | error |",
+             "|" + " --- |" * 15]
     errors = []
     for rate, recs in links.items():
         rows = ec.validation(recs, fits[rate])
@@ -158,7 +164,8 @@ def validation_section(links, fits, own, fit_step=None, uniform=True):
             lines.append(f"| {rate} | {_step_label(rec)} | {LABELS[rec['algorithm']]} | {rec['P']} | "
                          f"{f.oversubscription:g} | {f.messages:.0f} | {(f.bytes_sent + f.chain_bytes) / 1e6:.3f} | "
                          f"{f.bytes_received / 1e6:.3f} | {m * 1e3:.1f} | "
-                         f"{rec['min_s'] * 1e3:.1f}-{rec['max_s'] * 1e3:.1f} | {p * 1e3:.1f} | {e:+.0%} | "
+                         f"{rec['min_s'] * 1e3:.1f}-{rec['max_s'] * 1e3:.1f} | "
+                         f"{', '.join(f'{x * 1e3:.1f}' for x in rec.get('round_medians_s', [m]))} | {p * 1e3:.1f} | {e:+.0%} | "
                          f"{p2 * 1e3:.1f} | {e2:+.0%} |")
     lines.append("")
     for step in sorted({x[1] for x in errors}, key=lambda s: (isinstance(s, str), str(s).zfill(6))):
@@ -297,7 +304,7 @@ def plot(sweeps, cross, path):
     axes[0].set_ylabel("predicted ms per exchange")
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{name}, density 0.01: one exchange, predicted (costs per call, per message, per byte received "
-                 "and per entry selected; nominal link rate); * = from here on Ok-Topk is faster; X = from here on "
+                 "and per entry selected; nominal link rate)\n* = from here on Ok-Topk is faster; X = from here on "
                  "the other is faster than Ok-Topk", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -359,14 +366,16 @@ def main(argv=None):
             + "; ranks per core from the records' cpus):\n\n"
             + fit_md + "\n**Predicted against measured** (the joint fit, and the fit of that link alone; records of other "
             "inputs than the fit's are out of sample):\n\n" + val_md
-            + f"\n**Predictions** with the joint fit's {base.call_s * 1e6:.0f} us per call, alpha = "
+            + "\n**Predictions** with the joint fit's costs per call ("
+            + ", ".join(f"{LABELS[x]} {base.call_s.get(x, 0) * 1e6:.0f} us" for x in ORDER) + "), alpha = "
             f"{base.alpha_s * 1e6:.1f} us per message and "
             f"local work per byte received ({', '.join(f'{LABELS[x]} {base.local_s_per_byte.get(x, 0) * 1e9:.2f} ns' for x in ORDER)}) "
             f"and per entry selected ({', '.join(f'{LABELS[x]} {base.local_s_per_selected.get(x, 0) * 1e9:.0f} ns' for x in ORDER if x != 'dense')}), "
-            f"one rank per core, on real links at the nominal rate (no burst); overlap: {ov}.\n\n"
+            f"one rank per core (so no wait per message for a shared core), on real links at the nominal rate "
+            f"(no burst); overlap: {ov}.\n\n"
             + "\n".join(preds) + "\n" + steps)
     print(text)
-    print(f"[fit] FITTED = {{'call_s': {base.call_s!r}, 'alpha_s': {base.alpha_s!r}, "
+    print(f"[fit] FITTED = {{'call_s': {base.call_s!r}, 'alpha_s': {base.alpha_s!r}, 'wakeup_s': {base.wakeup_s!r}, "
           f"'local_s_per_byte': {base.local_s_per_byte!r}, 'local_s_per_selected': {base.local_s_per_selected!r}}}",
           file=sys.stderr)
     if a.page:

@@ -5,20 +5,23 @@ exchanges, and predictions to large P from the closed forms of :mod:`.volumes`.
 One call of an exchange on P ranks is charged what its busiest rank does (the critical path:
 the engine's collectives wait for the slowest rank, and every rank's link is its own):
 
-    t = t_call + alpha M + beta W + c (gamma_a R + kappa_a k),    W = max(0, B - burst)
+    t = t_a + (alpha + w (c - 1)) M + beta W + c (gamma_a R + kappa_a k),    W = max(0, B - burst)
 
 with M the most messages any rank sends in the call, B the most bytes any rank sends, R the
 most bytes any rank receives, k the entries each rank selected (the exchange's input). gTop-k's
 tree levels run one after the other, so for it M is the root's messages both ways, and W adds
 to the root's own sends the transfers it receives in turn, each leaving its sender's link:
-``chain_messages`` x max(0, their mean size - burst) (:func:`busiest`). t_call is the engine's
-fixed work per call (its header, checks and result, whatever the volume); alpha and beta = 8 /
+``chain_messages`` x max(0, their mean size - burst) (:func:`busiest`). t_a is algorithm a's
+fixed work per call (its header, checks, rounds and result, whatever the volume: Ok-Topk's and
+TopkDSA's phases cost more than TopkA's one allgather); alpha and beta = 8 /
 bandwidth are :class:`.model.Network`'s ``latency_s`` and ``bandwidth_bps`` (the what-if
 model's link); gamma_a is algorithm a's local work per byte received (adding for dense, merging
 the received sparse vectors for the others: they differ by a factor of 100 per byte) and
 kappa_a its work per entry of its own selection (sorting, splitting and packing it; none for
 dense, which densifies n); c = max(1, P / cores) is the oversubscription of the machine that
-was timed (1 where every rank has its own core); ``burst`` is the emulated link's token bucket
+was timed (1 where every rank has its own core), and w what each message adds per other rank on
+its receiver's core (the receiver waits its turn to run; 0 where every rank has its own core);
+``burst`` is the emulated link's token bucket
 (``tc tbf burst``, 256 KiB in scripts/netem.py: that much leaves a sender at the speed of the
 host, not of the link, once per sender and call), 0 on a real link. :func:`fit` and
 :func:`fit_links` find the costs by non-negative least squares on relative error from timed
@@ -32,9 +35,9 @@ counters enter), the selection of the top-k itself (the exchange starts from it)
 inside a switch, any change of alpha or gamma with P other than the oversubscription (fitted
 where P <= 8), and the sparse vectors' growth in the local work of TopkA beyond linear.
 
-    >>> cost = ExchangeCost(Network(8e9, 1e-4))
+    >>> cost = ExchangeCost(Network(8e9, 1e-4), call_s={"dense": 1e-3})
     >>> round(cost.seconds(Features(messages=10, bytes_sent=1e6, bytes_received=0)), 6)
-    0.002
+    0.003
 """
 import math
 from dataclasses import dataclass, field
@@ -78,13 +81,15 @@ class ExchangeCost:
     """A link (:class:`.model.Network`: bandwidth, and latency per message), each algorithm's
     local work per byte received and per entry selected (``local_s_per_byte``,
     ``local_s_per_selected``: {algorithm: seconds}), the link's token-bucket burst (0: a real
-    link) and the engine's fixed seconds per call."""
+    link), each algorithm's fixed seconds per call (``call_s``: {algorithm: seconds}) and the
+    seconds a message waits per other rank on its receiver's core (``wakeup_s``)."""
 
     network: Network
     local_s_per_byte: dict = field(default_factory=dict)
     burst_bytes: float = 0.0
-    call_s: float = 0.0
+    call_s: dict = field(default_factory=dict)
     local_s_per_selected: dict = field(default_factory=dict)
+    wakeup_s: float = 0.0
 
     @property
     def alpha_s(self):
@@ -99,14 +104,15 @@ class ExchangeCost:
         wire = self.network.transfer(f.wire_bytes(self.burst_bytes), f.messages)
         local = (self.local_s_per_byte.get(f.algorithm, 0.0) * f.bytes_received
                  + self.local_s_per_selected.get(f.algorithm, 0.0) * f.selected)
-        return self.call_s + wire + f.oversubscription * local
+        waits = self.wakeup_s * (f.oversubscription - 1.0) * f.messages
+        return self.call_s.get(f.algorithm, 0.0) + wire + waits + f.oversubscription * local
 
     def on_link(self, gbps, latency_s=None):
         """The same local costs on a real (no burst) link of ``gbps`` Gbit/s (nominal rate), with
         this per-message cost or ``latency_s``."""
         lat = self.network.latency_s if latency_s is None else latency_s
-        return ExchangeCost(Network.from_gbps(gbps, lat), dict(self.local_s_per_byte), 0.0, self.call_s,
-                            dict(self.local_s_per_selected))
+        return ExchangeCost(Network.from_gbps(gbps, lat), dict(self.local_s_per_byte), 0.0, dict(self.call_s),
+                            dict(self.local_s_per_selected), self.wakeup_s)
 
 
 # ------------------------------------------------------------------ from timed records
@@ -156,9 +162,37 @@ def measured_seconds(record):
     return float(record["median_s"])
 
 
+def pool_rounds(records):
+    """One record per measured case (link, algorithm, P, inputs, first timed call) of records
+    timed in several rounds: the calls of all rounds pooled (``times_s``, their median, min and
+    max; ``rounds``: how many; ``round_medians_s``: each round's median), the counters of the first (a case's counts are the same in every
+    round). Why: on a shared 2-core VM one run's median of a few calls of a few milliseconds
+    moves by 20-50% from one run to the next, so one run cannot check a model to 20%.
+
+        >>> r = dict(rate="1gbit", algorithm="dense", P=2, n=8, k=8, times_s=[1.0, 3.0], per_call=[])
+        >>> [(p["rounds"], p["median_s"]) for p in pool_rounds([r, dict(r, times_s=[2.0])])]
+        [(2, 2.0)]
+    """
+    pooled = {}
+    for r in records:
+        case = (r["rate"], r["algorithm"], r["P"], r["n"], r["k"], r.get("selections_step"),
+                r.get("inputs"), r.get("first_call"))
+        if case in pooled:
+            pooled[case]["times_s"] += list(r["times_s"])
+            pooled[case]["rounds"] += 1
+            pooled[case]["round_medians_s"].append(float(np.median(r["times_s"])))
+        else:
+            pooled[case] = dict(r, times_s=list(r["times_s"]), rounds=1,
+                                round_medians_s=[float(np.median(r["times_s"]))])
+    for p in pooled.values():
+        p.update(median_s=float(np.median(p["times_s"])), min_s=min(p["times_s"]), max_s=max(p["times_s"]))
+    return list(pooled.values())
+
+
 def fit_links(records_by_link, burst_bytes=0.0, cores=None, bandwidth_bps=None, latency_s=None):
-    """One fit over one or more links (``{label: records}``): the per-call cost and every
-    algorithm's local work per byte received and per entry selected, shared by all; the
+    """One fit over one or more links (``{label: records}``): every algorithm's cost per call and
+    local work per byte received and per entry selected, and the wait of a message per other rank
+    on a core, shared by all; the
     per-message cost, fitted, or ``latency_s`` (measured apart); and a bandwidth per link,
     fitted, or the link's nominal rate from ``bandwidth_bps`` (``{label: bits per second}``; a
     fitted one absorbs whatever the other terms miss, so that a prediction on a nominal link
@@ -170,13 +204,15 @@ def fit_links(records_by_link, burst_bytes=0.0, cores=None, bandwidth_bps=None, 
     free = [label for label in labels if label not in fixed]
     algs = sorted({r["algorithm"] for recs in records_by_link.values() for r in recs})
     sparse = [a for a in algs if a != "dense"]
-    columns = ["call", "message"] + [("byte", a) for a in algs] + [("selected", a) for a in sparse] + free
+    columns = ([("call", a) for a in algs] + ["message", "wakeup"] + [("byte", a) for a in algs]
+               + [("selected", a) for a in sparse] + free)
     rows, times, known = [], [], []
     for label in labels:
         for rec in records_by_link[label]:
             f = features(rec, cores=cores)
             row = dict.fromkeys(columns, 0.0)
-            row["call"] = 1.0
+            row["call", f.algorithm] = 1.0
+            row["wakeup"] = (f.oversubscription - 1.0) * f.messages
             row["byte", f.algorithm] = f.oversubscription * f.bytes_received
             if f.algorithm in sparse:
                 row["selected", f.algorithm] = f.oversubscription * f.selected
@@ -204,13 +240,15 @@ def fit_links(records_by_link, burst_bytes=0.0, cores=None, bandwidth_bps=None, 
     alpha = float(coef["message"]) if latency_s is None else float(latency_s)
     per_byte = {a: float(coef["byte", a]) for a in algs}
     per_selected = {a: float(coef["selected", a]) for a in sparse}
+    per_call = {a: float(coef["call", a]) for a in algs}
     out = {}
     for label in labels:
         if label in fixed:
             bps = float(fixed[label])
         else:
             bps = 8.0 / coef[label] if coef[label] > 0 else math.inf
-        out[label] = ExchangeCost(Network(bps, alpha), per_byte, burst_bytes, float(coef["call"]), per_selected)
+        out[label] = ExchangeCost(Network(bps, alpha), per_byte, burst_bytes, per_call, per_selected,
+                                  float(coef["wakeup"]))
     return out
 
 
@@ -353,24 +391,27 @@ def fastest(n, k, P, cost, algorithms=vol.ALGORITHMS, overlap=None):
 #: The joint fit (:func:`fit_links`) of docs/results/data/oktopk-scale/timed-{1,10}gbit.jsonl
 #: (recorded step 30) and timed-uniform-{1,10}gbit.jsonl, burst 256 KiB, the links at their
 #: nominal rates, alpha measured by ping-pong (pingpong.jsonl), 2 cores (scripts/predict_scale.py
-#: prints it): seconds per call and per message, and each algorithm's local seconds per byte
-#: received and per entry selected.
-FITTED = {"call_s": 0.00030681457000566754, "alpha_s": 7.084663502610056e-06,
-          "local_s_per_byte": {"allgather": 6.962173528163747e-09, "dense": 9.129263083035716e-10,
-                               "dsa": 8.634242463923152e-10, "gtopk": 1.6593493866959245e-09,
-                               "oktopk": 4.421767561370141e-09},
-          "local_s_per_selected": {"allgather": 1.7634940937093859e-09, "dsa": 4.735868896643379e-08,
-                                   "gtopk": 1.1564609236199359e-07, "oktopk": 1.882921307791214e-08}}
+#: prints it): each algorithm's seconds per call, the seconds per message (and its wait per other
+#: rank on a core, which no prediction uses: one rank per core), and each algorithm's local
+#: seconds per byte received and per entry selected.
+FITTED = {"call_s": {"allgather": 0.00014564462947310732, "dense": 0.0, "dsa": 0.0005329031673436898,
+                     "gtopk": 0.0, "oktopk": 0.0003353768231470842},
+          "alpha_s": 6.434396498661954e-06, "wakeup_s": 3.2947788009190133e-06,
+          "local_s_per_byte": {"allgather": 3.5597737940316396e-09, "dense": 9.384754262061553e-10,
+                               "dsa": 1.3193774901455849e-09, "gtopk": 1.0440968668440463e-09,
+                               "oktopk": 4.471073105382957e-09},
+          "local_s_per_selected": {"allgather": 2.4161229721196573e-09, "dsa": 1.0892278197759792e-08,
+                                   "gtopk": 8.649868028275524e-08, "oktopk": 0.0}}
 
 
 def default_cost(gbps, latency_s=None):
     """The fitted per-call, per-message and local costs on a real ``gbps`` link (nominal rate):
     the what-if advice's costs (``latency_s`` replaces the measured per-message cost)."""
     alpha = FITTED["alpha_s"] if latency_s is None else latency_s
-    return ExchangeCost(Network.from_gbps(gbps, alpha), dict(FITTED["local_s_per_byte"]), 0.0, FITTED["call_s"],
-                        dict(FITTED["local_s_per_selected"]))
+    return ExchangeCost(Network.from_gbps(gbps, alpha), dict(FITTED["local_s_per_byte"]), 0.0, dict(FITTED["call_s"]),
+                        dict(FITTED["local_s_per_selected"]), FITTED["wakeup_s"])
 
 
 __all__ = ["Features", "ExchangeCost", "Overlap", "selection_unions", "busiest", "features", "oversubscription", "NETEM_BURST_BYTES",
-           "fit", "fit_links", "validation", "critical_volume", "predict_seconds", "sweep", "crossover",
+           "fit", "fit_links", "pool_rounds", "validation", "critical_volume", "predict_seconds", "sweep", "crossover",
            "lead_until", "fastest", "default_cost", "FITTED"]
