@@ -20,21 +20,45 @@ import sys
 
 import numpy as np
 
+from horovod_sparse.ops import cpu
+from horovod_sparse.ops.cpu import cast as cpu_cast
 from horovod_sparse.ops.namespace import backend, is_tensorflow, is_torch
 from horovod_sparse.ops.views import int_view, numpy_view
 
+#: the buffers the compiled indexed loads and stores run on (others keep the library's own)
+_INDEXED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
 
 def zero_at(x, indices):
-    """``x[indices] = 0`` in place, for 1-D ``x`` (torch: index_fill_); returns ``x`` (TensorFlow:
-    a new tensor)."""
+    """``x[indices] = 0`` in place, for 1-D ``x`` (on the CPU a compiled loop,
+    :func:`~horovod_sparse.ops.cpu.cast.zero_at`; else torch's index_fill_); returns ``x``
+    (TensorFlow: a new tensor)."""
     if is_tensorflow(x):
         tf = sys.modules["tensorflow"]
         return tf.tensor_scatter_nd_update(x, indices[:, None], tf.zeros(tf.shape(indices), x.dtype))
+    views = indexed_views(x, indices)
+    if views is not None:
+        if cpu_cast.zero_at(*views):
+            raise IndexError(f"an index of {x.shape[0]} entries is out of range")
+        return x
     if is_torch(x):
         x.index_fill_(0, indices, 0)
     else:
         x[indices] = 0
     return x
+
+
+def indexed_views(x, indices):
+    """``(x, indices)`` as numpy views where the compiled indexed loads and stores serve (kernels
+    on, 1-D float32 or float64 ``x`` on the CPU, 1-D integer ``indices``), else None."""
+    if not cpu.enabled():
+        return None
+    x_view, i_view = numpy_view(x), numpy_view(indices)
+    if x_view is None or i_view is None or x_view.ndim != 1 or i_view.ndim != 1:
+        return None
+    if x_view.dtype not in _INDEXED_DTYPES or i_view.dtype.kind not in "iu":
+        return None
+    return x_view, i_view
 
 
 def put(x, indices, values):

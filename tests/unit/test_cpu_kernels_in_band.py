@@ -117,6 +117,53 @@ def test_scatter_dense_equals_numpy(n):
 
 
 @needs_numba
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", LENGTHS)
+def test_indexed_loads_and_stores_equal_numpy(n, dtype):
+    """Every sparsifier's gather of its selected entries and the zeroing of its residual there
+    (:func:`~horovod_sparse.ops.indices.take`, :func:`~horovod_sparse.ops.kernels.zero_at`): the
+    compiled loops equal numpy's indexing on sorted, unsorted and repeated indices, int32 and
+    int64, unaligned numpy buffers and CPU tensors, and under ``numpy_only()``."""
+    from horovod_sparse.ops.indices import take
+    from horovod_sparse.ops.kernels import zero_at
+    rng = np.random.default_rng(n + 17)
+    x = adversarial(n + 1, rng, "nonfinite", dtype)[1:]                 # unaligned, inf and NaN
+    sorted_idx = draw(n, rng)
+    orders = [sorted_idx, rng.permutation(sorted_idx), np.repeat(sorted_idx, 2)]
+    for idx in orders:
+        for index_dtype in (np.int64, np.int32):
+            i = idx.astype(index_dtype)
+            want_taken = x[i]
+            want_zeroed = x.copy()
+            want_zeroed[i] = 0
+            for mode in MODES:
+                with mode_context(mode):
+                    assert_bits(take(x, i), want_taken)
+                    assert_bits(take(torch.from_numpy(x), torch.from_numpy(i)).numpy(), want_taken)
+                    y = x.copy()
+                    assert zero_at(y, i) is y
+                    assert_bits(y, want_zeroed)
+                    t = torch.from_numpy(x.copy())
+                    assert zero_at(t, torch.from_numpy(i.astype(np.int64))) is t
+                    assert_bits(t.numpy(), want_zeroed)
+
+
+@needs_numba
+def test_indexed_loads_and_stores_refuse_an_index_out_of_range_and_write_nothing():
+    from horovod_sparse.ops.indices import take
+    from horovod_sparse.ops.kernels import zero_at
+    x = np.arange(1, 11, dtype=np.float32)
+    for bad in ([3, 10], [-1, 2], [11]):
+        i = np.array(bad, np.int64)
+        with pytest.raises(IndexError):
+            take(x, i)
+        y = x.copy()
+        with pytest.raises(IndexError):
+            zero_at(y, i)
+        assert_bits(y, x)  # not half cleared
+
+
+@needs_numba
 @pytest.mark.parametrize("n,k", [(1, 1), (2, 1), (7, 3), (65, 64), (1000, 10), (1000, 999), (10**6, 10**4),
                                  (2**40, 1000)])
 def test_sort_distinct_equals_numpy(n, k):
