@@ -25,8 +25,9 @@ from horovod_sparse.ops.cpu import cast as cpu_cast
 from horovod_sparse.ops.namespace import backend, is_tensorflow, is_torch
 from horovod_sparse.ops.views import int_view, numpy_view
 
-#: the buffers the compiled indexed loads and stores run on (others keep the library's own)
-_INDEXED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: the buffers the compiled indexed loads and stores run on (others keep the library's own):
+#: values, and the indices a step gathers from its own selection
+_INDEXED_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
 
 
 def zero_at(x, indices):
@@ -50,7 +51,7 @@ def zero_at(x, indices):
 
 def indexed_views(x, indices):
     """``(x, indices)`` as numpy views where the compiled indexed loads and stores serve (kernels
-    on, 1-D float32 or float64 ``x`` on the CPU, 1-D integer ``indices``), else None."""
+    on, 1-D float32, float64, int32 or int64 ``x`` on the CPU, 1-D integer ``indices``), else None."""
     if not cpu.enabled():
         return None
     x_view, i_view = numpy_view(x), numpy_view(indices)

@@ -117,7 +117,7 @@ def test_scatter_dense_equals_numpy(n):
 
 
 @needs_numba
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
 @pytest.mark.parametrize("n", LENGTHS)
 def test_indexed_loads_and_stores_equal_numpy(n, dtype):
     """Every sparsifier's gather of its selected entries and the zeroing of its residual there
@@ -127,7 +127,10 @@ def test_indexed_loads_and_stores_equal_numpy(n, dtype):
     from horovod_sparse.ops.indices import take
     from horovod_sparse.ops.kernels import zero_at
     rng = np.random.default_rng(n + 17)
-    x = adversarial(n + 1, rng, "nonfinite", dtype)[1:]                 # unaligned, inf and NaN
+    if np.dtype(dtype).kind == "f":
+        x = adversarial(n + 1, rng, "nonfinite", dtype)[1:]             # unaligned, inf and NaN
+    else:
+        x = rng.integers(-2**31, 2**31, n + 1).astype(dtype)[1:]
     sorted_idx = draw(n, rng)
     orders = [sorted_idx, rng.permutation(sorted_idx), np.repeat(sorted_idx, 2)]
     for idx in orders:
