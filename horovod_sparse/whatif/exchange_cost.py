@@ -13,17 +13,16 @@ tree levels run one after the other, so for it M is the root's messages both way
 to the root's own sends the transfers it receives in turn, each leaving its sender's link:
 ``chain_messages`` x max(0, their mean size - burst) (:func:`busiest`). t_a is algorithm a's
 fixed work per call (its header, checks, rounds and result, whatever the volume: Ok-Topk's and
-TopkDSA's phases cost more than TopkA's one allgather); alpha and beta = 8 /
-bandwidth are :class:`.model.Network`'s ``latency_s`` and ``bandwidth_bps`` (the what-if
-model's link); gamma_a is algorithm a's local work per byte received (adding for dense, merging
-the received sparse vectors for the others: they differ by a factor of 100 per byte) and
-kappa_a its work per entry of its own selection (sorting, splitting and packing it; none for
-dense, which densifies n); c = max(1, P / cores) is the oversubscription of the machine that
-was timed (1 where every rank has its own core), and w what each message adds per other rank on
-its receiver's core (the receiver waits its turn to run; 0 where every rank has its own core);
-``burst`` is the emulated link's token bucket
-(``tc tbf burst``, 256 KiB in scripts/netem.py: that much leaves a sender at the speed of the
-host, not of the link, once per sender and call), 0 on a real link. :func:`fit` and
+TopkDSA's phases cost more than TopkA's one allgather); alpha and beta = 8 / bandwidth are
+:class:`.model.Network`'s ``latency_s`` and ``bandwidth_bps`` (the what-if model's link);
+gamma_a is algorithm a's local work per byte received (adding for dense, merging the received
+sparse vectors for the others: they differ by a factor of 100 per byte) and kappa_a its work per
+entry of its own selection (sorting, splitting and packing it; none for dense, which densifies
+n); c = max(1, P / cores) is the oversubscription of the machine that was timed (1 where every
+rank has its own core), and w what each message adds per other rank on its receiver's core (the
+receiver waits its turn to run; nothing where every rank has its own core); ``burst`` is the
+emulated link's token bucket (``tc tbf burst``, 256 KiB in scripts/netem.py: that much leaves a
+sender at the speed of the host, not of the link, once per sender and call), 0 on a real link. :func:`fit` and
 :func:`fit_links` find the costs by non-negative least squares on relative error from timed
 records (``scripts/bench_exchange.py``: each record holds every rank's counters for each timed
 call), with beta the link's nominal rate where it is known and alpha measured apart where given
@@ -32,8 +31,10 @@ reads (M, B, R, k) from a record, :func:`critical_volume` from the closed forms 
 
 It leaves out: the time a rank waits for a slower peer's local work (only the busiest rank's
 counters enter), the selection of the top-k itself (the exchange starts from it), contention
-inside a switch, any change of alpha or gamma with P other than the oversubscription (fitted
-where P <= 8), and the sparse vectors' growth in the local work of TopkA beyond linear.
+inside a switch, how MPI's collectives forward blocks from rank to rank (a collective is counted
+as the direct exchange), the cache (a byte costs the same whatever the arrays' size), any change
+of alpha or gamma with P other than the oversubscription (fitted where P <= 8), and the sparse
+vectors' growth in the local work of TopkA beyond linear.
 
     >>> cost = ExchangeCost(Network(8e9, 1e-4), call_s={"dense": 1e-3})
     >>> round(cost.seconds(Features(messages=10, bytes_sent=1e6, bytes_received=0)), 6)
@@ -165,9 +166,10 @@ def measured_seconds(record):
 def pool_rounds(records):
     """One record per measured case (link, algorithm, P, inputs, first timed call) of records
     timed in several rounds: the calls of all rounds pooled (``times_s``, their median, min and
-    max; ``rounds``: how many; ``round_medians_s``: each round's median), the counters of the first (a case's counts are the same in every
-    round). Why: on a shared 2-core VM one run's median of a few calls of a few milliseconds
-    moves by 20-50% from one run to the next, so one run cannot check a model to 20%.
+    max; ``rounds``: how many; ``round_medians_s``: each round's median), the counters of the
+    first (a case's counts are the same in every round). Why: on a shared 2-core VM one run's
+    median of a few calls of a few milliseconds moves by up to 2x from one run to the next (10%
+    at the median case), so one run cannot check a model to 20%.
 
         >>> r = dict(rate="1gbit", algorithm="dense", P=2, n=8, k=8, times_s=[1.0, 3.0], per_call=[])
         >>> [(p["rounds"], p["median_s"]) for p in pool_rounds([r, dict(r, times_s=[2.0])])]
@@ -192,8 +194,8 @@ def pool_rounds(records):
 def fit_links(records_by_link, burst_bytes=0.0, cores=None, bandwidth_bps=None, latency_s=None):
     """One fit over one or more links (``{label: records}``): every algorithm's cost per call and
     local work per byte received and per entry selected, and the wait of a message per other rank
-    on a core, shared by all; the
-    per-message cost, fitted, or ``latency_s`` (measured apart); and a bandwidth per link,
+    on a core, shared by all; the per-message cost, fitted, or ``latency_s`` (measured apart);
+    and a bandwidth per link,
     fitted, or the link's nominal rate from ``bandwidth_bps`` (``{label: bits per second}``; a
     fitted one absorbs whatever the other terms miss, so that a prediction on a nominal link
     would charge it twice). Non-negative least squares on relative error. Returns
