@@ -188,6 +188,21 @@ def test_take_top_equals_numpys_compare_and_compaction(size, k, distinct):
     assert got.size == k and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("size", [1, 2, 65, 10_000])
+def test_kth_largests_equal_a_full_sort(size):
+    """The k-th largest keys at several k (the next floor's and the selection's): one partition
+    per k, on numpy and CPU tensors, against a full sort; ties and the extreme keys included."""
+    import torch
+    from horovod_sparse.ops.magnitude import kth_largests
+    rng = np.random.default_rng(size)
+    for keys in (rng.integers(0, 5, size).astype(np.int32), rng.integers(-2**31, 2**31, size).astype(np.int32),
+                 rng.integers(0, 2**40, size).astype(np.int64)):
+        ks = [size, 1, max(1, size // 3), max(1, size // 100), 1]
+        want = [int(np.sort(keys)[::-1][k - 1]) for k in ks]
+        assert kth_largests(keys, ks) == want
+        assert kth_largests(torch.from_numpy(keys), ks) == want
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_sorted_membership_equals_numpy_isin(seed):
     """The local selection against the global one (Ok-Topk, gTop-k): the compiled merge and
