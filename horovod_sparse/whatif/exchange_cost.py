@@ -166,26 +166,24 @@ def measured_seconds(record):
 def pool_rounds(records):
     """One record per measured case (link, algorithm, P, inputs, first timed call) of records
     timed in several rounds: the calls of all rounds pooled (``times_s``, their median, min and
-    max; ``rounds``: how many; ``round_medians_s``: each round's median), the counters of the
-    first (a case's counts are the same in every round). Why: on a shared 2-core VM one run's
-    median of a few calls of a few milliseconds moves by up to 2x from one run to the next (10%
-    at the median case), so one run cannot check a model to 20%.
+    max; ``round_medians_s``: each round's own ``median_s``), the counters of the first (a case's
+    counts are the same in every round). Why: on a shared 2-core VM one run's median of a few
+    calls of a few milliseconds moves by up to 2x from one run to the next (10% at the median
+    case), so one run cannot check a model to 20%.
 
-        >>> r = dict(rate="1gbit", algorithm="dense", P=2, n=8, k=8, times_s=[1.0, 3.0], per_call=[])
-        >>> [(p["rounds"], p["median_s"]) for p in pool_rounds([r, dict(r, times_s=[2.0])])]
-        [(2, 2.0)]
+        >>> r = dict(rate="1gbit", algorithm="dense", P=2, n=8, k=8, times_s=[1.0, 3.0], median_s=2.0, per_call=[])
+        >>> [(p["round_medians_s"], p["median_s"]) for p in pool_rounds([r, dict(r, times_s=[2.5], median_s=2.5)])]
+        [([2.0, 2.5], 2.5)]
     """
     pooled = {}
     for r in records:
         case = (r["rate"], r["algorithm"], r["P"], r["n"], r["k"], r.get("selections_step"),
                 r.get("inputs"), r.get("first_call"))
         if case in pooled:
-            pooled[case]["times_s"] += list(r["times_s"])
-            pooled[case]["rounds"] += 1
-            pooled[case]["round_medians_s"].append(float(np.median(r["times_s"])))
+            pooled[case]["times_s"] += r["times_s"]
+            pooled[case]["round_medians_s"].append(r["median_s"])
         else:
-            pooled[case] = dict(r, times_s=list(r["times_s"]), rounds=1,
-                                round_medians_s=[float(np.median(r["times_s"]))])
+            pooled[case] = dict(r, times_s=list(r["times_s"]), round_medians_s=[r["median_s"]])
     for p in pooled.values():
         p.update(median_s=float(np.median(p["times_s"])), min_s=min(p["times_s"]), max_s=max(p["times_s"]))
     return list(pooled.values())
