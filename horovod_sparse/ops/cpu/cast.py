@@ -16,8 +16,8 @@ in ``acc`` (compress), then zeroing the result and scattering the reduced values
 Every sparsifier also reads and zeroes its selected entries one by one (:func:`gather_at`,
 :func:`zero_at`: ``acc[indices]``, and ``acc[indices] = 0`` once the exchange succeeded). These
 loads and stores miss the cache (a 1% selection of 100 MB touches 250,000 lines); a plain loop
-keeps more of them in flight than torch's ``index_fill_`` (4.3 against 9.4 ms for top-k's
-residual in the round trip of ``scripts/bench_codecs.py``).
+keeps more of them in flight than torch's ``index_fill_`` (4.6 against 9.7 ms for top-k's
+residual in the round trip of ``scripts/bench_codecs.py``: ``studies/time_indexed.py``).
 
 Per element the same float operations as the numpy/torch path, in the same order (one IEEE
 add; zero is +0.0), so both give the same bits. float32 and float64 buffers (float16 and
