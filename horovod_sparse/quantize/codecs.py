@@ -358,7 +358,7 @@ class _StochasticLevels(ValueCodec):
         # several are whole within a block
         block = 8 * max(1, BLOCK // 8) if buckets == 1 else bucket
         row = scratch.get("squares", min(bucket, block, count), "float32", x)
-        codes = scratch.get("fused_codes", fused._CHUNK, "int64", x)
+        codes = scratch.get("fused_codes", fused._CHUNK, "uint8" if self.bits < 8 else "int32", x)
         fused.levels_encode(x, scales, norms_here, bucket, block, self.levels, self.bits, k1, k2, 0,
                             out[4 * buckets:], _or_empty(decoded), _or_empty(residual), row, codes)
         _write_floats(out, scales)

@@ -128,6 +128,20 @@ def test_encode_decode_residual_equal_numpy(codec, n, kind):
         assert same(reference[2], x - reference[1])
 
 
+@pytest.mark.parametrize("codec", [c for c in CODECS if isinstance(c, _StochasticLevels)], ids=repr)
+@pytest.mark.parametrize("n", [1, 9, 2047, 2049, 4103])
+def test_packed_codes_end_where_the_code_ends(codec, n):
+    """The narrow codes' 8-byte stores (each group's spare bytes overwritten by the next group)
+    leave the bytes past the code as they were, in a larger buffer at an odd address."""
+    x = adversarial(n, np.random.default_rng(n), "normal")
+    size = codec.nbytes(n)
+    reference = codec.encode(x, seed=3)
+    buffer = np.full(size + 24, 0xA5, np.uint8)
+    code = codec.encode(x, seed=3, out=buffer[1:1 + size])
+    assert same(code, reference) and same(buffer[1:1 + size], reference)
+    assert buffer[0] == 0xA5 and (buffer[1 + size:] == 0xA5).all()
+
+
 @pytest.mark.parametrize("codec", CODECS, ids=repr)
 @pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("kind", KINDS)

@@ -159,3 +159,35 @@ def _mask_intrinsic():
 
 
 negative_bits64 = _mask_intrinsic()
+
+
+def _store_intrinsic():
+    """``store_le64(out, at, word)``: bytes out[at:at + 8] of a C-contiguous uint8 ``out`` =
+    ``word``, least significant byte first (numba's targets are little-endian), in one unaligned
+    8-byte store: LLVM does not merge eight byte stores into one (QSGD's and TernGrad's 8-code
+    groups)."""
+    if numba is None:
+        return None
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    i64 = ir.IntType(64)
+
+    @intrinsic
+    def store_le64(typingctx, out, at, word):
+        if not (isinstance(out, types.Array) and out.dtype == types.uint8 and out.ndim == 1 and out.layout == "C"):
+            return None  # a typing error: only contiguous byte vectors
+
+        def codegen(context, builder, signature, args):
+            array = context.make_array(signature.args[0])(context, builder, args[0])
+            first = cgutils.get_item_pointer(context, builder, signature.args[0], array, [args[1]])
+            value = context.cast(builder, args[2], signature.args[2], types.uint64)
+            builder.store(value, builder.bitcast(first, i64.as_pointer()), align=1)
+            return context.get_dummy_value()
+        return types.none(out, at, word), codegen
+    return store_le64
+
+
+store_le64 = _store_intrinsic()

@@ -30,7 +30,7 @@ Example::
 """
 import numpy as np
 
-from horovod_sparse.ops.cpu import inlined, jit, negative_bits64
+from horovod_sparse.ops.cpu import inlined, jit, negative_bits64, store_le64
 
 _BLOCK = 4096               # values per block of a two-loop kernel (in L1)
 _STREAM_LEVELS = 2          # tree rounds done in L1: 2**2 streams of x read side by side (measured best)
@@ -354,6 +354,12 @@ def _levels(xs, codes, inv, levels, first, k1, k2, words):
 def _decoded_and_residual(xs, codes, step, s, decoded, residual):
     """decoded = (code - s) * step and residual = x - that, where they are wanted (the caller's
     empty arrays slice to empty views)."""
+    if decoded.shape[0] > 0 and residual.shape[0] > 0:     # both: one loop, the same operations
+        for t in range(codes.shape[0]):
+            value = (np.float32(codes[t]) - s) * step
+            decoded[t] = value
+            residual[t] = xs[t] - value
+        return
     if decoded.shape[0] > 0:
         for t in range(codes.shape[0]):
             decoded[t] = (np.float32(codes[t]) - s) * step
@@ -364,14 +370,8 @@ def _decoded_and_residual(xs, codes, step, s, decoded, residual):
 
 @inlined
 def _pack_group(codes, at, bits, out, first, nbytes):
-    """Bytes [first, first + nbytes) of the stream of the 8 codes codes[at:at + 8]."""
-    if bits <= 8:                       # one word: the common case, unrolled
-        word = np.uint64(0)
-        for k in range(8):
-            word |= np.uint64(codes[at + k]) << np.uint64(k * bits)
-        for q in range(nbytes):
-            out[first + q] = np.uint8((word >> np.uint64(8 * q)) & np.uint64(0xFF))
-        return
+    """Bytes [first, first + nbytes) of the stream of the 8 codes codes[at:at + 8] of ``bits``
+    > 8 bits (two words; :func:`_pack_small` packs the narrower codes)."""
     low = np.uint64(0)
     high = np.uint64(0)
     for k in range(8):
@@ -386,6 +386,31 @@ def _pack_group(codes, at, bits, out, first, nbytes):
     for q in range(nbytes):
         word = low if q < 8 else high
         out[first + q] = np.uint8((word >> np.uint64(8 * (q % 8))) & np.uint64(0xFF))
+
+
+@inlined
+def _pack_small(codes, count, bits, out, start, total_bytes, words):
+    """The stream's bytes from ``start`` of the ``count`` codes of ``bits`` <= 8 bits in the uint8
+    ``codes`` (zero-padded to a multiple of 8): each 8 codes (8 bytes, one uint64) squeezed into
+    one word by shifts (vectorised over the groups, into the uint64 scratch ``words``), then
+    written by one 8-byte store (the next group overwrites the zeros past its ``bits`` bytes;
+    the stream's last bytes one at a time)."""
+    groups = (count + 7) // 8
+    eights = codes[:8 * groups].view(np.uint64)
+    mask, width = np.uint64((1 << bits) - 1), np.uint64(bits)
+    for g in range(groups):
+        w = eights[g]
+        word = w & mask
+        for k in range(1, 8):
+            word |= ((w >> np.uint64(8 * k)) & mask) << (width * np.uint64(k))
+        words[g] = word
+    for g in range(groups):
+        first = start + g * bits
+        if total_bytes - first >= 8:
+            store_le64(out, first, words[g])
+        else:
+            for q in range(min(bits, total_bytes - first)):
+                out[first + q] = np.uint8((words[g] >> np.uint64(8 * q)) & np.uint64(0xFF))
 
 
 _CHUNK = 2048  # values per chunk of levels_encode: codes computed, then packed (a multiple of 8)
@@ -407,12 +432,15 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
     _per_bucket, _plus, _broken_rows, _clipped, _codes, pack_into, _values and the pipeline's
     commit subtract: one read of x, in L1. 8-bit codes (s = 127, QSGD's 8-bit setting) are their
     own bytes: written into ``out`` bucket by bucket, no packing; other widths are computed a
-    chunk at a time into ``codes`` and packed. ``k1``, ``k2``: the stream keys as uint64 of their
-    32 bits; ``start``: x[0]'s index in the stream (even); ``block``: see :func:`_bucket_norm`;
-    ``row``: float32 scratch of min(bucket, block, n); ``codes``: int64 scratch of _CHUNK."""
+    chunk at a time into ``codes`` and packed (:func:`_pack_small` below 8 bits). ``k1``, ``k2``:
+    the stream keys as uint64 of their 32 bits; ``start``: x[0]'s index in the stream (even);
+    ``block``: see :func:`_bucket_norm`; ``row``: float32 scratch of min(bucket, block, n);
+    ``codes``: scratch of _CHUNK, uint8 below 8 bits, else int32 (not int64: AVX2 has no
+    vector conversion from float to int64, and that loop ran scalar at twice the time)."""
     n = x.shape[0]
     s = np.float32(levels)
     words = np.empty(_CHUNK // 2 + 1, np.uint32)   # a block's random words (_levels)
+    groups = np.empty(_CHUNK // 8, np.uint64)       # a chunk's packed 8-code groups (_pack_small)
     if bits == 8:
         for b in range((n + bucket - 1) // bucket):
             lo, hi = b * bucket, min(n, (b + 1) * bucket)
@@ -447,7 +475,10 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
             i = stop
         for k in range(c1 - c0, ((c1 - c0 + 7) // 8) * 8):
             codes[k] = 0
-        for g in range(0, c1 - c0, 8):                  # then packed, 8 codes = ``bits`` bytes
+        if bits < 8:                                    # then packed, 8 codes = ``bits`` bytes
+            _pack_small(codes, c1 - c0, bits, out, c0 * bits // 8, total_bytes, groups)
+            continue
+        for g in range(0, c1 - c0, 8):
             first = (c0 + g) * bits // 8
             _pack_group(codes, g, bits, out, first, min(bits, total_bytes - first))
 
