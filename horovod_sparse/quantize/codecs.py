@@ -348,7 +348,7 @@ class _StochasticLevels(ValueCodec):
         """:meth:`_encode` in one compiled pass (:func:`~horovod_sparse.ops.cpu.quantize.levels_encode`;
         TernGrad's scale first, one read): the same bytes and floats."""
         count, scratch = x.shape[0], self.scratch
-        if count == 0:
+        if count == 0 or not out.flags.c_contiguous:  # the kernel stores 8 bytes at a time
             return False
         buckets, bucket = self._buckets(count), self._bucket(count)
         scales = scratch.get("norms", buckets, "float32", x)
@@ -369,7 +369,7 @@ class _StochasticLevels(ValueCodec):
         raise NotImplementedError
 
     def _decode_fused(self, data, count, out):
-        if count == 0:
+        if count == 0 or not data.flags.c_contiguous:  # the kernel loads 8 bytes at a time
             return False
         scales = _read_floats(data, self._buckets(count), self.scratch)
         fused.levels_decode(data[4 * scales.shape[0]:], count, scales, self._bucket(count), self.levels,

@@ -161,13 +161,13 @@ def _mask_intrinsic():
 negative_bits64 = _mask_intrinsic()
 
 
-def _store_intrinsic():
+def _word_intrinsics():
     """``store_le64(out, at, word)``: bytes out[at:at + 8] of a C-contiguous uint8 ``out`` =
     ``word``, least significant byte first (numba's targets are little-endian), in one unaligned
     8-byte store: LLVM does not merge eight byte stores into one (QSGD's and TernGrad's 8-code
-    groups)."""
+    groups). ``load_le64(data, at)``: bytes data[at:at + 8] as one uint64, the same way round."""
     if numba is None:
-        return None
+        return None, None
     from llvmlite import ir
     from numba import types
     from numba.core import cgutils
@@ -187,7 +187,19 @@ def _store_intrinsic():
             builder.store(value, builder.bitcast(first, i64.as_pointer()), align=1)
             return context.get_dummy_value()
         return types.none(out, at, word), codegen
-    return store_le64
+
+    @intrinsic
+    def load_le64(typingctx, data, at):
+        if not (isinstance(data, types.Array) and data.dtype == types.uint8 and data.ndim == 1
+                and data.layout == "C"):
+            return None
+
+        def codegen(context, builder, signature, args):
+            array = context.make_array(signature.args[0])(context, builder, args[0])
+            first = cgutils.get_item_pointer(context, builder, signature.args[0], array, [args[1]])
+            return builder.load(builder.bitcast(first, i64.as_pointer()), align=1)
+        return types.uint64(data, at), codegen
+    return store_le64, load_le64
 
 
-store_le64 = _store_intrinsic()
+store_le64, load_le64 = _word_intrinsics()

@@ -30,7 +30,7 @@ Example::
 """
 import numpy as np
 
-from horovod_sparse.ops.cpu import inlined, jit, negative_bits64, store_le64
+from horovod_sparse.ops.cpu import inlined, jit, load_le64, negative_bits64, store_le64
 
 _BLOCK = 4096               # values per block of a two-loop kernel (in L1)
 _STREAM_LEVELS = 2          # tree rounds done in L1: 2**2 streams of x read side by side (measured best)
@@ -483,11 +483,54 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
             _pack_group(codes, g, bits, out, first, min(bits, total_bytes - first))
 
 
+@inlined
+def _unpack_small(data, start, total_bytes, bits, groups, words, codes):
+    """The inverse of :func:`_pack_small`: ``groups`` 8-code groups of the stream from byte
+    ``start`` into the uint8 ``codes``, a code per byte. Each group's ``bits`` bytes by one
+    8-byte load (the bytes past them masked off; the stream's last bytes one at a time), then
+    spread to 8 bytes by shifts, vectorised over the groups."""
+    for g in range(groups):
+        first = start + g * bits
+        if total_bytes - first >= 8:
+            words[g] = load_le64(data, first)
+        else:
+            word = np.uint64(0)
+            for q in range(min(bits, total_bytes - first)):
+                word |= np.uint64(data[first + q]) << np.uint64(8 * q)
+            words[g] = word
+    eights = codes[:8 * groups].view(np.uint64)
+    mask, width = np.uint64((1 << bits) - 1), np.uint64(bits)
+    for g in range(groups):
+        w = words[g]
+        spread = w & mask
+        for k in range(1, 8):
+            spread |= ((w >> (width * np.uint64(k))) & mask) << np.uint64(8 * k)
+        eights[g] = spread
+
+
 @jit
 def levels_decode(data, count, scales, bucket, levels, bits, out):
     """out = (code - s) * (S / s) for the ``count`` codes packed in ``data`` (after the header),
-    bucket by bucket. Replaces unpack_into + _values (or the lookup table of TernGrad)."""
+    bucket by bucket. Replaces unpack_into + _values (or the lookup table of TernGrad). Codes
+    below 8 bits are unpacked a chunk at a time into bytes (:func:`_unpack_small`), then
+    turned into floats bucket by bucket as the 8-bit codes are."""
     s = np.float32(levels)
+    if bits < 8:
+        codes = np.empty(_CHUNK, np.uint8)
+        words = np.empty(_CHUNK // 8, np.uint64)
+        total_bytes = (count * bits + 7) // 8
+        for c0 in range(0, count, _CHUNK):
+            c1 = min(c0 + _CHUNK, count)
+            _unpack_small(data, c0 * bits // 8, total_bytes, bits, (c1 - c0 + 7) // 8, words, codes)
+            i = c0
+            while i < c1:
+                stop = min(c1, (i // bucket + 1) * bucket)
+                step = scales[i // bucket] / s
+                cs, values = codes[i - c0:stop - c0], out[i:stop]
+                for t in range(stop - i):
+                    values[t] = (np.float32(cs[t]) - s) * step
+                i = stop
+        return
     if bits == 8:                          # a code per byte: bucket by bucket, vectorised
         for b in range((count + bucket - 1) // bucket):
             lo, hi = b * bucket, min(count, (b + 1) * bucket)
@@ -510,12 +553,6 @@ def levels_decode(data, count, scales, bucket, levels, bits, out):
             else:
                 high |= byte << np.uint64(8 * (q - 8))
         lanes = min(8, count - 8 * g)
-        if bits <= 8 and (8 * g) // bucket == (8 * g + lanes - 1) // bucket:   # one bucket, one word
-            step = scales[(8 * g) // bucket] / s
-            os = out[8 * g:8 * g + lanes]
-            for k in range(lanes):
-                os[k] = (np.float32((low >> np.uint64(k * bits)) & mask) - s) * step
-            continue
         for k in range(lanes):
             i = 8 * g + k
             if i % bucket == 0 or k == 0:
