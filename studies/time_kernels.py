@@ -4,10 +4,13 @@ median of 7 after one warm-up call, the kernels of whatever ``horovod_sparse`` i
 
 - the sign encode (code, decoded floats and residual; code alone);
 - TernGrad's scale, max |x|;
+- QSGD's (16 levels, 6 bits; and 127 levels, a byte) and TernGrad's encode (code and decoded
+  floats, as at P = 1) and decode, through the codecs (packing and unpacking included);
 - which of 250,000 sorted indices are in another sorted set (``isin_sorted``);
 - a write pass into reused memory and into fresh memory (numpy's and torch's allocators).
 
-Its output at two commits is in docs/results/data/codecs/time-kernels.txt.
+Its output at two commits is in docs/results/data/codecs/time-kernels.txt; at 43aad3e and
+b088b78 (the narrow levels' packing), three times each alternately, in time-kernels-1128.txt.
 
 Run it at two commits to compare them (the kernels' signatures are the same in both)::
 
@@ -23,6 +26,7 @@ import torch
 import horovod_sparse
 from horovod_sparse.ops.cpu import quantize as fused
 from horovod_sparse.ops.indices import isin_sorted
+from horovod_sparse.quantize.codecs import QSGDCodec, TernGradCodec
 
 N = 25_000_000
 
@@ -56,6 +60,11 @@ def main():
         ("TernGrad's scale, max |x|", lambda: fused.max_magnitude(x, scale)),
         (f"isin_sorted, {local.size} in {chosen.size}", lambda: isin_sorted(local, chosen)),
     ]
+    for name, codec in [("QSGD 16 levels", QSGDCodec()), ("QSGD 127 levels", QSGDCodec(levels=127)),
+                        ("TernGrad", TernGradCodec())]:
+        packed = np.empty(codec.nbytes(N), np.uint8)
+        rows += [(f"{name}: encode, code and decoded", lambda c=codec, p=packed: c.encode(x, 7, p, decoded)),
+                 (f"{name}: decode", lambda c=codec, p=packed: c.decode(p, N, out=target))]
     print(f"horovod_sparse from {horovod_sparse.__file__}; {N} float32 values, median of 7")
     for name, run in rows:
         print(f"{name:42s} {median_ms(run):7.1f} ms")
