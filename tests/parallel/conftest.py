@@ -3,7 +3,9 @@
 At the end of each test (its teardown, which every rank reaches whatever happened)
 the ranks agree on the outcome with one small Allgather on a private communicator:
 if the test failed on another rank, it fails here too, so rank 0's report shows
-every failure. Frameworks are imported by each group's own conftest.
+every failure. A test marked ``world_sizes(2)`` (say) runs only under ``mpirun -np 2``: the
+frontends' tests whose subject does not change with the process count run once, the exchanges'
+at every count. Frameworks are imported by each group's own conftest.
 """
 import hashlib
 import os
@@ -15,6 +17,20 @@ from mpi4py import MPI
 _SYNC = MPI.COMM_WORLD.Dup()
 # the tests exercise the compressed step from the first one; the warm-up's own tests ask for one
 os.environ.setdefault("HOROVOD_SPARSE_WARMUP_STEPS", "0")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the tests marked ``world_sizes(...)`` that leave out this run's process count.
+    Every rank deselects the same tests (the count is the same everywhere), so the ranks still
+    run one sequence of collectives."""
+    size = MPI.COMM_WORLD.size
+    kept, dropped = [], []
+    for item in items:
+        marker = item.get_closest_marker("world_sizes")
+        (kept if marker is None or size in marker.args else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -12,6 +12,8 @@ from horovod_sparse.checkpoint import gather_state, scatter_state
 
 from test_sparsifiers import data, flat_weights, make_model
 
+pytestmark = pytest.mark.world_sizes(2)  # one checkpoint format for both frontends: torch's test_checkpoints gathers and scatters it at 2, 3, 4
+
 STEPS, SAVE_AT = 6, 3
 
 

@@ -20,6 +20,8 @@ from horovod_sparse.ops.host import HOST_TRAFFIC
 
 from device_steps import oracle_averages, random_targets, run_gradients  # tests/parallel/tensorflow
 
+pytestmark = pytest.mark.world_sizes(2)  # the TensorFlow ops against the numpy path, per rank; the exchange between them is P's
+
 SHAPES = [(64, 40), (300,), (50, 30)]
 STEPS = 6
 SPECS = ["topk:density=0.05", "oktopk:density=0.05", "gtopk:density=0.05", "gaussiank:density=0.05",

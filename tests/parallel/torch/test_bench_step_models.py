@@ -5,6 +5,8 @@ import pytest
 
 from horovod_sparse.bench import step
 
+pytestmark = pytest.mark.world_sizes(2)  # the benchmark's harness, not the exchange
+
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("model", ["digits_resnet", "stdlib_lm"])

@@ -4,14 +4,13 @@ end within 2 points of dense test accuracy, and top-k
 without error feedback ends clearly worse (as GRACE measured on ImageNet).
 
 Training is deterministic for a given number of ranks, so these numbers are exact, not
-samples: the test runs at -np 4 only (the demo's setting) and is skipped otherwise.
+samples: the test runs at -np 4 only (the demo's setting).
 Plain SGD (momentum 0, lr 0.1), 20 epochs, batch 16 per rank.
 """
 import importlib.util
 from pathlib import Path
 
 import pytest
-from mpi4py import MPI
 
 spec = importlib.util.spec_from_file_location("demo", Path(__file__).parents[3] / "scripts" / "demo.py")
 demo = importlib.util.module_from_spec(spec)
@@ -23,7 +22,7 @@ SPARSIFIERS = ["topk:density=0.01", "oktopk:density=0.01", "gtopk:density=0.01",
 #: the quantizers, PowerSGD and FFT, each with its documented defaults
 QUANTIZERS = ["fft", "qsgd", "efsignsgd", "powersgd"]
 
-pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.size != 4, reason="the demo's setting: 4 ranks")
+pytestmark = pytest.mark.world_sizes(4)  # the demo's setting
 
 
 @pytest.fixture(scope="module")
