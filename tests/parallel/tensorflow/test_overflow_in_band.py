@@ -14,7 +14,8 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hvds
 
-pytestmark = pytest.mark.world_sizes(2)  # the rollback is per rank; torch's in-band overflow tests run at 2, 3, 4
+# the rollback is per rank; torch's in-band overflow tests run at 2, 3, 4
+pytestmark = pytest.mark.world_sizes(2)
 
 SPEC = "randomk:density=0.1"
 BAD_STEPS = (2, 3, 6)  # two in a row; each on rank step % P

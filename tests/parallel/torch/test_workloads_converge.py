@@ -1,7 +1,7 @@
 """The real workloads train under Horovod: dense and top-k each lower the validation loss from the
 start, and every rank ends with bitwise-identical parameters.
 
-Short on purpose (and at -np 2 only, since it tests training, not the exchange): a few dozen steps of plain
+Short on purpose (and at -np 2 only: it tests training, not the exchange): a few dozen steps of plain
 SGD at a small batch per rank. No momentum: ResNet-18 is evaluated with BatchNorm's running
 statistics, which lag a model that moves fast; with momentum 0.9 its test loss rose in 24 steps.
 ResNet-18 is torchvision's, at full size; the language model is the workload's
@@ -16,7 +16,8 @@ import torch
 import horovod_sparse.torch as hvds
 from horovod_sparse import workloads
 
-pytestmark = pytest.mark.world_sizes(2)  # training quality on the real workloads, not the exchange (which runs at every P elsewhere)
+# training quality on the real workloads, not the exchange (which runs at every P elsewhere)
+pytestmark = pytest.mark.world_sizes(2)
 
 #: per workload: the model, its steps and batch per rank, SGD's learning rate, the evaluation
 CASES = {

@@ -6,20 +6,17 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before TensorFlow is imported
 
 import pytest  # noqa: E402
-from mpi4py import MPI  # noqa: E402
 
 from world_scenarios import SCENARIOS, shutdown  # noqa: E402
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)  # before tests/parallel/conftest.py deselects by world_sizes
 def pytest_collection_modifyitems(config, items):
-    """Skip everything but at -np 4; run the scenarios that pass hvd.init a list of ranks last
+    """Mark every test ``world_sizes(4)``; run the scenarios that pass hvd.init a list of ranks last
     (stable: each module's order otherwise kept), since Horovod 0.28.1 keeps such a list through
     hvd.shutdown() and uses it at every later hvd.init of that frontend."""
-    if MPI.COMM_WORLD.Get_size() != 4:
-        skip = pytest.mark.skip(reason="the worlds group runs at mpirun -np 4")
-        for item in items:
-            item.add_marker(skip)
+    for item in items:
+        item.add_marker(pytest.mark.world_sizes(4))
 
     def listed(item):
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -31,5 +28,4 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def horovod_shut_down_at_the_end():
     yield
-    if MPI.COMM_WORLD.Get_size() == 4:
-        shutdown()
+    shutdown()  # only reached at -np 4: elsewhere every test is deselected
