@@ -172,6 +172,33 @@ def test_an_overflow_changes_nothing_with_kernels_on(spec):
         assert np.array_equal(np.asarray(before[key]), np.asarray(after[key])), key
 
 
+@pytest.mark.parametrize("spec,steps,quiet_from", [("gaussiank", 120, 60), ("threshold:value=2.6", 40, 5)])
+def test_the_candidate_buffers_grow_until_a_steady_step_needs_no_second_pass(spec, steps, quiet_from, monkeypatch):
+    # Gaussiank collects candidates below its last threshold: once the residual has grown (from
+    # step ~40 here) that is more than 4k of them, and with buffers of 4k it rescanned at every
+    # step; a fixed threshold on an error-feedback residual selects ~10% of the entries, and with
+    # buffers grown to exactly that it rescanned whenever the count grew by one. Each rescan is a
+    # read pass of the whole buffer; once the buffers hold what the steps find and a quarter more,
+    # a steady step needs none.
+    from horovod_sparse.sparsify import sparsifier as module
+    rescans = []
+
+    def counted(*args, **kwargs):
+        rescans.append(len(done))  # the step being made
+        return rescan(*args, **kwargs)
+    rescan, done = module.rescan, []
+    monkeypatch.setattr(module, "rescan", counted)
+    rng = np.random.default_rng(17)
+    n = 200_000
+    with horovod_sparse.create(spec).make_pipeline(n, MPI.COMM_SELF) as sparsifier:
+        for step in range(steps):
+            sparsifier.step_sparse(rng.standard_normal(n).astype(np.float32))
+            done.append(step)
+        capacity = sparsifier._candidate_scratch.index.shape[0]
+    assert [s for s in rescans if s >= quiet_from] == [], (spec, rescans)
+    assert capacity <= max(n // 16 + 64, int(1.25 * 0.11 * n)), capacity  # grown, but not to the buffer
+
+
 @pytest.mark.parametrize("size,k", [(1, 1), (7, 3), (500, 100), (500, 500), (5000, 1234)])
 @pytest.mark.parametrize("distinct", [3, 50, 10**6])
 def test_take_top_equals_numpys_compare_and_compaction(size, k, distinct):
