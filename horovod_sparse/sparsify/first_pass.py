@@ -38,11 +38,11 @@ from horovod_sparse.ops.views import as_like, numpy_view
 #: the candidate buffers hold this many entries per k, and at least 1/CANDIDATE_SHARE of the buffer
 CANDIDATES_PER_K = 4
 CANDIDATE_SHARE = 32
-#: a first pass that found more candidates than that grows them to its count and a quarter more, up
-#: to 1/CANDIDATE_CEILING of the buffer (the estimated-threshold rules collect below a threshold that
-#: may select 2k, and a heavy tail puts 3-5x the selection above their floor: without room, each of
+#: a pass that found more candidates than that grows them to its count and a quarter more, up to
+#: 1/CANDIDATE_CEILING of the buffer (the estimated-threshold rules collect below a threshold that
+#: may select 2k, and a heavy tail puts 3-11x the selection above their floor: without room, each of
 #: their steps paid one more read pass of the buffer); a rule that asks for all of them (a fixed
-#: threshold) grows them to its count and a quarter more, whatever the ceiling
+#: threshold) gets its count and a quarter more, whatever the ceiling
 CANDIDATE_HEADROOM = 1.25
 CANDIDATE_CEILING = 16
 
@@ -74,11 +74,15 @@ class CandidateScratch:
         self.room(min(n, max(CANDIDATES_PER_K * k, n // CANDIDATE_SHARE) + 64))
         self.ceiling = min(n, n // CANDIDATE_CEILING + 64)
 
-    def fit(self, found):
+    def fit(self, found, wanted=False):
         """After a pass that found ``found`` candidates: if they did not fit, grow the buffers so
-        that as many, and a quarter more, fit next step (up to the ceiling)."""
-        if found > self.index.shape[0]:
-            self.room(min(self.ceiling, int(found * CANDIDATE_HEADROOM)))
+        that as many, and a quarter more, fit next time; up to the ceiling, unless the rule
+        ``wanted`` all of them."""
+        grown = int(found * CANDIDATE_HEADROOM)
+        if wanted:
+            self.room(grown)
+        elif found > self.index.shape[0]:
+            self.room(min(self.ceiling, grown))
 
     def room(self, capacity):
         """Make the buffers hold at least ``capacity`` candidates (they only grow: a rule whose
@@ -100,9 +104,9 @@ def fusable(memory, pieces):
 def rescan(acc, floor, scratch, room=0):
     """The :class:`Candidates` of an acc already written at another ``floor``: one read pass
     (:func:`~horovod_sparse.ops.cpu.sparsify.scan`), where a rule asks below the first pass's
-    floor, or where that floor left more candidates than the buffers hold (``room``: make
-    the buffers hold that many, and a quarter more for the next steps, first)."""
-    scratch.room(int(room * CANDIDATE_HEADROOM))
+    floor, or where that floor left more candidates than the buffers hold (``room``: the rule
+    wants all that many; the buffers are grown to hold them first)."""
+    scratch.fit(room, wanted=True)
     count, _ = fused.scan(numpy_view(acc), np.int32(floor), scratch.index, scratch.key, 0, 0)
     return _written(scratch, int(floor), count, acc)
 

@@ -181,12 +181,11 @@ def test_the_candidate_buffers_grow_until_a_steady_step_needs_no_second_pass(spe
     # read pass of the whole buffer; once the buffers hold what the steps find and a quarter more,
     # a steady step needs none.
     from horovod_sparse.sparsify import sparsifier as module
-    rescans = []
+    rescan, rescans, done = module.rescan, [], []
 
     def counted(*args, **kwargs):
         rescans.append(len(done))  # the step being made
         return rescan(*args, **kwargs)
-    rescan, done = module.rescan, []
     monkeypatch.setattr(module, "rescan", counted)
     rng = np.random.default_rng(17)
     n = 200_000
