@@ -25,9 +25,11 @@ PARALLEL_GROUPS = {
     "exchange": [1, 2, 3, 4, 5],
     "sparsify": [2, 3, 4],
     "quantize": [2, 3, 4],
+    # The frontends over those exchanges: their tests run at fewer counts than the group is launched
+    # at unless they mark other counts (each group's conftest; tests/parallel/world_sizes.py): torch at
+    # 2 and 3 (4 for the demo's convergence), TensorFlow, whose tracing costs minutes a count, at 2
+    # (3 for the modules that mark it).
     "torch": [2, 3, 4],
-    # The frontend over the same exchanges as torch: 2 and 3 (odd) suffice, and TensorFlow's tracing
-    # makes each count cost minutes; modules marked world_sizes(2) run at 2 only (tests/parallel/conftest.py).
     "tensorflow": [2, 3],
     "worlds": [4],  # several Horovod jobs inside one mpirun: its scenarios name four processes
     "scale": [8, 16],  # the exchange on recorded selections at high P only (a few short tests)
@@ -46,7 +48,9 @@ MPI_ENV = {
 
 def run_unit(results, extra):
     junit = results / "unit.xml"
-    cmd = [PYTHON, "-m", "pytest", "tests/unit", "-q", f"--junitxml={junit}", *extra]
+    # one worker per core (pytest-xdist); a module's tests stay on one worker, in order, as written
+    cmd = [PYTHON, "-m", "pytest", "tests/unit", "-q", "-n", "auto", "--dist", "loadfile",
+           f"--junitxml={junit}", *extra]
     print(f"\n$ {' '.join(cmd)}", flush=True)
     rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, **MPI_ENV})
     return rc, [junit]

@@ -1,5 +1,5 @@
 """``Compression.auto()`` behind hvd.DistributedGradientTape and the Keras DistributedOptimizer,
-at P = 2 and 3.
+at P = 2.
 
 Every step equals an oracle that applies the plan of that step per gradient (one exchange per
 gradient, as Horovod's tape makes them): fp32's average (float64 here), fp16's (the float16

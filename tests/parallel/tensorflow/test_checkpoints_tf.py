@@ -12,9 +12,6 @@ from horovod_sparse.checkpoint import gather_state, scatter_state
 
 from test_sparsifiers import data, flat_weights, make_model
 
-# one checkpoint format for both frontends:
-# torch's test_checkpoints gathers and scatters it at 2, 3, 4
-pytestmark = pytest.mark.world_sizes(2)
 
 STEPS, SAVE_AT = 6, 3
 

@@ -20,8 +20,6 @@ from horovod_sparse.ops.host import HOST_TRAFFIC
 
 from device_steps import oracle_averages, random_targets, run_gradients  # tests/parallel/tensorflow
 
-# the TensorFlow ops against the numpy path, per rank; the exchange between them is P's
-pytestmark = pytest.mark.world_sizes(2)
 
 SHAPES = [(64, 40), (300,), (50, 30)]
 STEPS = 6

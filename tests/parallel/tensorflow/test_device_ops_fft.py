@@ -40,8 +40,6 @@ from horovod_sparse.ops.host import HOST_TRAFFIC
 
 from device_steps import run_gradients  # tests/parallel/tensorflow
 
-# the TensorFlow ops against the numpy path, per rank; the exchange between them is P's
-pytestmark = pytest.mark.world_sizes(2)
 
 SHAPES = [(64, 40), (300,), (50, 30)]  # 4360 elements fused, a 1-D gradient among them
 STEPS = 6

@@ -33,8 +33,6 @@ from horovod_sparse.ops.host import HOST_TRAFFIC
 
 from device_steps import oracle_averages, random_targets, run_gradients  # tests/parallel/tensorflow
 
-# the TensorFlow ops against the numpy path, per rank; the exchange between them is P's
-pytestmark = pytest.mark.world_sizes(2)
 
 #: (64, 40), (50, 30) and (8, 4, 5) -> (8, 20) are compressed; (300,) is 1-D and (40, 3) is
 #: too small to gain at rank 2 (120 < 2 * 2 * 43): both go to the dense vector

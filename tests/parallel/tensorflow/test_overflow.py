@@ -15,9 +15,6 @@ import tensorflow as tf
 import horovod_sparse.tensorflow as hvds
 from horovod_sparse.agreement import allgather_int64, communicator_of
 
-# the overflow flag rides the exchange's agreement header at any P;
-# torch's test_overflow runs at 2, 3, 4
-pytestmark = pytest.mark.world_sizes(2)
 
 SPECS = ["topk:density=0.05", "oktopk:density=0.05", "dgc", "qsgd", "efsignsgd", "powersgd", "fft", "dense"]
 STEPS = 7

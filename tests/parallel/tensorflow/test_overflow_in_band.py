@@ -14,8 +14,6 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hvds
 
-# the rollback is per rank; torch's in-band overflow tests run at 2, 3, 4
-pytestmark = pytest.mark.world_sizes(2)
 
 SPEC = "randomk:density=0.1"
 BAD_STEPS = (2, 3, 6)  # two in a row; each on rank step % P

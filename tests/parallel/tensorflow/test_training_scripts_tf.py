@@ -23,9 +23,6 @@ from horovod_sparse.reference import ReferenceCompressor
 
 from test_sparsifiers import data, flat_weights, make_model
 
-# the frontend's bookkeeping, not the exchange:
-# its sums at P = 3 are test_sparsifiers' and test_quantizers'
-pytestmark = pytest.mark.world_sizes(2)
 
 SPECS = {"fp16": "fp16", "randomk": "randomk:density=0.1", "topk": "topk:density=0.05",
          "qsgd": "qsgd:error_feedback=True", "powersgd": "powersgd:rank=2"}

@@ -1,4 +1,4 @@
-"""``Compression.auto()`` behind the stock hvd.DistributedOptimizer, at P = 2, 3, 4.
+"""``Compression.auto()`` behind the stock hvd.DistributedOptimizer, at P = 2 and 3.
 
 Every step equals an oracle that applies the plan in effect per gradient: Horovod's fp32
 average (an MPI Allreduce in float64), fp16's average (within fp16's rounding), and per

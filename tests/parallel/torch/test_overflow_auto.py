@@ -1,5 +1,5 @@
 """``Compression.auto()`` under a loss scaler's overflow, behind the stock hvd.DistributedOptimizer,
-at P = 2, 3 and 4.
+at P = 2 and 3.
 
 A gradient is made inf or NaN on one rank at chosen steps (a tensor hook on the parameter, as
 an overflowing fp16 backward makes it), and each step is applied the way torch.amp.GradScaler

@@ -24,6 +24,9 @@ import torch
 import horovod_sparse.torch as hvds
 from horovod_sparse.workloads import recipes, stdlib_lm
 
+# the margins hold at P = 2, 3 and 4 alike (above): the recipe's convergence, not the exchange
+pytestmark = pytest.mark.world_sizes(2)
+
 STEPS, BATCH, WARMUP = 60, 4, 10
 SIZE = dict(layers=2, d_model=128, heads=4)
 #: nats per byte a compressed run may end above dense, per recipe (module docstring)

@@ -8,6 +8,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before TensorFlow is import
 import pytest  # noqa: E402
 
 from world_scenarios import SCENARIOS, shutdown  # noqa: E402
+from world_sizes import mark_unmarked  # noqa: E402
 
 
 @pytest.hookimpl(tryfirst=True)  # before tests/parallel/conftest.py deselects by world_sizes
@@ -15,8 +16,7 @@ def pytest_collection_modifyitems(config, items):
     """Mark every test ``world_sizes(4)``; run the scenarios that pass hvd.init a list of ranks last
     (stable: each module's order otherwise kept), since Horovod 0.28.1 keeps such a list through
     hvd.shutdown() and uses it at every later hvd.init of that frontend."""
-    for item in items:
-        item.add_marker(pytest.mark.world_sizes(4))
+    mark_unmarked(items, 4)
 
     def listed(item):
         params = getattr(getattr(item, "callspec", None), "params", {})
