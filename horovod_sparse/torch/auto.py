@@ -71,8 +71,8 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
         max_residual_ratio: the guard's bound on a gradient's residual norm over its norm.
         profile_steps: steps profiled before the plans are predicted (>= 2; the first is warm-up).
         trial_steps: timed steps per shortlisted plan (after one warm-up step).
-        max_trials: plans tried at most; prune: plans predicted slower than prune x the best
-            are not tried.
+        max_trials: plans tried at most.
+        prune: plans predicted slower than prune x the best are not tried (a number >= 1).
         drift: relative change of the settled step time that makes it plan again.
         check_every: steps between the settled checks (guard and drift).
         warmup_steps: steps at the start on a dense choice (fp16 where it is a candidate)

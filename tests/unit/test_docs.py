@@ -1,4 +1,4 @@
-"""The docs stay honest: three checks over docs/**/*.md and README.md (and, for the first, the code).
+"""The docs stay honest: checks over docs/**/*.md and README.md (and, for the first, the code).
 
 1. No tracker words: the project's issue tracker is internal, so words that point into it (an
    issue or stop number, a numbered or otherwise named meeting) tell a reader nothing.
@@ -11,6 +11,8 @@
    the marker names (through mpirun), and must exit 0. Blocks without the marker are not run.
 3. Links resolve: every relative markdown link points to a file or folder that exists, and its
    ``#anchor`` (into a .md page) to a heading of that page, by GitHub's slug rules.
+4. Parameter tables are the code's: every compressor's table (between ``params-NAME`` markers)
+   is what scripts/param_tables.py renders from its signature and docstring.
 """
 import os
 import re
@@ -300,3 +302,36 @@ def test_slugs_follow_github():
     assert slug("`max_residual_ratio` and *more*") == "max_residual_ratio-and-more"
     assert slug("1. What it does (and why)") == "1-what-it-does-and-why"
     assert slug("Foo & bar: [the link](x.md)") == "foo--bar-the-link"
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Parameter tables are the code's
+# ---------------------------------------------------------------------------------------------
+
+def param_tables():
+    from scripts_under_test import load_script
+    return load_script("param_tables")
+
+
+@pytest.mark.parametrize("name", param_tables().with_parameters())
+def test_parameter_table_is_the_code(name):
+    """A default or a docstring changed in the code changes the page: regenerate with
+    ``python scripts/param_tables.py``."""
+    tables = param_tables()
+    page = tables.PAGES.get(name)
+    assert page, f"{name}: no page holds its parameter table; name one in PAGES (scripts/param_tables.py)"
+    shown = tables.page_block(ROOT / page, name)
+    begin, end = tables.markers(tables.block_name(name))
+    assert shown is not None, f"{page} has no {begin} ... {end} block; run python scripts/param_tables.py"
+    assert shown == tables.table(name), (f"{page}: {name}'s parameter table differs from the code; "
+                                         "run python scripts/param_tables.py")
+
+
+def test_parameter_tables_show_the_resolved_warmup_and_every_parameter():
+    """The warm-up's ``None`` reads as the default it resolves to, and entries naming two
+    parameters give each its row."""
+    tables = param_tables()
+    assert "| `warmup_steps` | `100` |" in tables.table("oktopk")
+    assert "| `guard_momentum` | `True` |" in tables.table("auto")
+    doc = "Summary.\n\nArgs:\n    a, b: shared\n        text.\n    c: own.\n\nMore prose."
+    assert tables.args_section(doc) == {"a": "shared text.", "b": "shared text.", "c": "own."}
