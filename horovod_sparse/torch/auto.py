@@ -80,8 +80,8 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
             else 100); ``auto_report()["phase"]`` is ``"warming"`` meanwhile.
         guard_momentum: under SGD with momentum keep to the candidates that keep quality, as
             under Adam's family (default True); False keeps every candidate there (top-k ended
-            level with dense on ResNet-18 under momentum SGD, 1.9% behind on the transformer).
-            Adam's family is guarded either way.
+            level with dense on ResNet-18 under momentum SGD, 1.8% behind on the transformer
+            over two seeds). Adam's family is guarded either way.
         nonfinite: a step whose gradient holds inf or NaN on some rank (a loss scaler's
             overflow) changes no state of auto's on any rank; ``"propagate"`` (default) makes
             every out-of-band gradient's result NaN on every rank, so that the scaler skips the
