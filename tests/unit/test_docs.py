@@ -9,6 +9,7 @@
    ``# run: mpirun -np 2 python NAME.py`` (or ``# run: horovodrun -np 2 python NAME.py``) is a
    complete program; it is written to a temporary folder as NAME.py and run there on the ranks
    the marker names (through mpirun), and must exit 0. Blocks without the marker are not run.
+   A fenced block right after a ``<!-- output: NAME.py -->`` line is what rank 0 prints.
 3. Links resolve: every relative markdown link points to a file or folder that exists, and its
    ``#anchor`` (into a .md page) to a heading of that page, by GitHub's slug rules.
 4. Parameter tables are the code's: every compressor's table (between ``params-NAME`` markers)
@@ -247,6 +248,25 @@ def test_code_block_runs(page, start, body, tmp_path):
     status, output = run_mpi_program(tmp_path, name, int(ranks))
     assert status == 0, (f"{rel(page)}:{start} ({name}, {ranks} ranks) exited {status}; "
                          f"output of every rank:\n{output[-6000:]}")
+    shown = shown_output(page.read_text(), name)
+    if shown is not None:
+        # mpirun tags each chunk a rank writes, so a tag may sit inside a line: drop rank 0's
+        rank0 = re.findall(r"^\[\d+,0\]<stdout>:(.*)$", output, re.MULTILINE)
+        printed = [line for line in (re.sub(r"\[\d+,0\]<stdout>:", "", found) for found in rank0) if line]
+        assert printed == shown, (f"{rel(page)}: what the page shows {name} printing is not what rank 0 "
+                                  "printed:\n" + "\n".join(printed))
+
+
+def shown_output(text, name):
+    """The lines of the fenced block right after ``<!-- output: NAME -->`` on the page, or None."""
+    lines = text.splitlines()
+    marker = f"<!-- output: {name} -->"
+    if marker not in (line.strip() for line in lines):
+        return None
+    after = next(i for i, line in enumerate(lines) if line.strip() == marker) + 1
+    start = next(i for i in range(after, len(lines)) if lines[i].strip()) + 1   # the opening fence
+    block = next(body for opening, _, body in fenced_blocks(text) if opening == start)
+    return block
 
 
 def test_getting_started_holds_a_runnable_block():
