@@ -503,3 +503,18 @@ def test_readme_counts_the_registry():
     named = set(re.findall(r"`(\w+)`", bullet.group(2))) - {"auto"}
     assert named == set(registry.available()), (f"README.md's list lacks {sorted(set(registry.available()) - named)}"
                                                 f" and names {sorted(named - set(registry.available()))} not registered")
+
+
+def test_supported_versions_are_the_pins():
+    """The README's "tested" column names every version scripts/versions.sh pins, on its row."""
+    pins = dict(re.findall(r"^(\w+)_VERSION=(\S+)$", (ROOT / "scripts" / "versions.sh").read_text(), re.MULTILINE))
+    text = (ROOT / "README.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| ([^|]+?) \| ([^|]+?) \|", text.split(
+        "## Supported versions", 1)[1].split("\n## ", 1)[0], re.MULTILINE)}
+    row_of = {"HOROVOD": "Horovod", "TORCH": "torch", "TF": "TensorFlow, tf-keras",
+              "TF_KERAS": "TensorFlow, tf-keras", "MPI4PY": "mpi4py", "NUMBA": "numba"}
+    unlisted = sorted(set(pins) - set(row_of) - {"TORCHVISION"})   # torchvision: the workloads' only
+    assert not unlisted, f"scripts/versions.sh pins {unlisted}: give each its row in README.md's table"
+    wrong = [f"{row_of[key]}: {version}" for key, version in pins.items()
+             if key in row_of and version not in rows.get(row_of[key], "")]
+    assert not wrong, "README.md's supported versions lack the pinned " + ", ".join(wrong)
