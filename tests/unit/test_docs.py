@@ -1,4 +1,4 @@
-"""The docs stay honest: checks over docs/**/*.md and README.md (and, for the first, the code).
+"""The docs stay honest: checks over docs/**/*.md, README.md and CHANGELOG.md (and, for the first, the code).
 
 1. No tracker words: the project's issue tracker is internal, so words that point into it (an
    issue or stop number, a numbered or otherwise named meeting) tell a reader nothing.
@@ -31,7 +31,7 @@ from urllib.parse import unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = sorted(ROOT.glob("docs/**/*.md")) + [ROOT / "README.md"]
+PAGES = sorted(ROOT.glob("docs/**/*.md")) + [ROOT / "README.md"] + sorted(ROOT.glob("CHANGELOG.md"))
 
 
 def rel(path):
@@ -360,6 +360,24 @@ def test_parameter_tables_show_the_resolved_warmup_and_every_parameter():
     assert "| `guard_momentum` | `True` |" in tables.table("auto")
     doc = "Summary.\n\nArgs:\n    a, b: shared\n        text.\n    c: own.\n\nMore prose."
     assert tables.args_section(doc) == {"a": "shared text.", "b": "shared text.", "c": "own."}
+
+
+# ---------------------------------------------------------------------------------------------
+# History lives in CHANGELOG.md
+# ---------------------------------------------------------------------------------------------
+
+#: phrasings of what the package did before: the guide says what it does, CHANGELOG.md what changed
+HISTORY = re.compile(r"\bused to\b|\bthe default (before|then)\b|\bno longer\b|\bwas silently\b"
+                     r"|\b(its|the) default now\b|\bit replaced\b|\bbefore the (redesign|on-device)", re.IGNORECASE)
+
+
+def test_the_guide_states_the_present():
+    """The user's guide (README.md, docs/*.md; not the dated records of docs/results/) holds no
+    history; CHANGELOG.md does."""
+    guide = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+    hits = [f"{rel(page)}:{number}: {line.strip()[:120]}" for page in guide
+            for number, line in prose_lines(page.read_text()) if HISTORY.search(line)]
+    assert not hits, "history in the guide (move it to CHANGELOG.md):\n" + "\n".join(hits)
 
 
 # ---------------------------------------------------------------------------------------------
