@@ -16,6 +16,17 @@ OUT_OF_BAND_PARAMETERS = ("dense_below", "schedule", "profile_steps", "trial_ste
 FRONTEND_PARAMETERS = ("nonfinite",)
 
 
+def signature_defaults(cls):
+    """``{parameter: default}`` of ``cls``'s constructor, in its order (those without a default
+    left out): what ``horovod-sparse list`` prints and the docs' parameter tables show.
+
+    >>> signature_defaults(registry.get("randomk"))
+    {'density': 0.01, 'error_feedback': True, 'seed': 0}
+    """
+    return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()
+            if name != "self" and p.default is not inspect.Parameter.empty}
+
+
 def make_compression_namespace(in_band_cls, out_of_band_cls, doc, auto_cls=None):
     """A ``Compression`` class for one frontend: one factory per registered compressor.
 

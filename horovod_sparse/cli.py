@@ -141,14 +141,14 @@ def build_parser():
 # ------------------------------------------------------------------------- commands
 def cmd_list(_args, out):
     import horovod_sparse
+    from horovod_sparse.catalogue import signature_defaults
     from horovod_sparse.registry import get
     from horovod_sparse.whatif import wire
     rows = [("dense", "horovod", "", "Horovod's own Compression.none (the benchmark's name)"),
             ("hvd-fp16", "horovod", "", "Horovod's own Compression.fp16")]
     for name in horovod_sparse.available():
         cls = get(name)
-        params = [f"{k}={v.default!r}" for k, v in inspect.signature(cls.__init__).parameters.items()
-                  if k != "self" and v.default is not inspect.Parameter.empty]
+        params = [f"{k}={v!r}" for k, v in signature_defaults(cls).items()]
         doc = (inspect.getdoc(cls) or "").split("\n")[0]
         if name == "dense":  # plain "dense" names the baseline above; with parameters, ours out of band
             rows.append(("dense:...", "out_of_band", " ".join(params + ["schedule='after_backward'"]), doc))
@@ -165,8 +165,8 @@ def _auto_row():
     """``auto``: its parameters are the framework-free runtime's (both frontends take them);
     it carries each gradient by Horovod or out of band, whichever it picked."""
     from horovod_sparse.auto.runtime import AutoRuntime
-    params = [f"{k}={v.default!r}" for k, v in inspect.signature(AutoRuntime.__init__).parameters.items()
-              if k != "self" and v.default is not inspect.Parameter.empty]
+    from horovod_sparse.catalogue import signature_defaults
+    params = [f"{k}={v!r}" for k, v in signature_defaults(AutoRuntime).items()]
     return ("auto", "both", " ".join(params), "Compression.auto(): per gradient, Horovod's fp32/fp16 "
             "allreduce or an out-of-band candidate, picked from measurements (docs/auto.md)")
 

@@ -86,9 +86,21 @@ def relative(value, reference, higher):
     return (reference - value) / reference if higher else (value - reference) / reference
 
 
+def gaps_to_dense(recs):
+    """{compressor: [its final metric's gap to Horovod dense's (:func:`relative`) at each seed
+    both ran]}: the records' "vs dense, same seeds" is the mean of the list."""
+    runs, higher = by_run(recs), higher_of(recs)
+    dense = {s: bench_tta.final_metric(r) for s, r in runs.get(DENSE, {}).items()}
+    gaps = OrderedDict()
+    for name, per_seed in runs.items():
+        finals = {s: bench_tta.final_metric(r) for s, r in per_seed.items()}
+        gaps[name] = [relative(finals[s], dense[s], higher) for s in finals if finals[s] is not None and s in dense]
+    return gaps
+
+
 def seeds_table(recs, tolerance):
     """Final metric per seed, the mean gap to dense at the same seeds, and dense's seed spread."""
-    runs, higher = by_run(recs), higher_of(recs)
+    runs, all_gaps = by_run(recs), gaps_to_dense(recs)
     seeds = sorted({s for per_seed in runs.values() for s in per_seed})
     dense = {s: bench_tta.final_metric(r) for s, r in runs.get(DENSE, {}).items()}
     lines = ["| run | " + " | ".join(f"seed {s}" for s in seeds) + " | vs dense, same seeds | within "
@@ -96,7 +108,7 @@ def seeds_table(recs, tolerance):
              "|---|" + "---:|" * len(seeds) + "---:|---|"]
     for name, per_seed in runs.items():
         finals = {s: bench_tta.final_metric(r) for s, r in per_seed.items()}
-        gaps = [relative(finals[s], dense[s], higher) for s in finals if finals[s] is not None and s in dense]
+        gaps = all_gaps[name]
         cells = [f"{finals[s]:.4g}" if finals.get(s) is not None else "" for s in seeds]
         gap = f"{100 * statistics.mean(gaps):+.2f}% ({len(gaps)} seed{'s' * (len(gaps) != 1)})" if gaps else ""
         within = "" if not gaps else "yes" if max(gaps) <= tolerance else "no"
@@ -124,6 +136,14 @@ def reach_steps(recs, target):
     return out
 
 
+def time_to_target(reach, times, name, link):
+    """Derived seconds to target of run ``name`` on ``link``: its steps to target (``reach``,
+    :func:`reach_steps`) x the link's median step (``times``, :func:`step_ms`); None where it
+    never reached the target or the step was not timed."""
+    steps, ms = reach.get(name), times.get((link, STEP_NAME.get(name, name)))
+    return steps * ms / 1e3 if steps is not None and ms else None
+
+
 def derived_table(recs, step_recs, target):
     """One table: per run, steps to target, then per link the step and the time to target, with
     the speed-up over Horovod dense and fp16 on the same link."""
@@ -138,16 +158,12 @@ def derived_table(recs, step_recs, target):
         cells = [str(steps) if steps is not None else "never"]
         for link in links:
             ms = times.get((link, STEP_NAME.get(name, name)))
-            base = {ref: times.get((link, STEP_NAME[ref])) for ref in (DENSE, FP16)}
             if ms is None:
                 cells += ["", "", "", ""]
                 continue
-            seconds = steps * ms / 1e3 if steps is not None else None
-            ratios = []
-            for ref in (DENSE, FP16):
-                ref_steps = reach.get(ref)
-                ok = seconds and ref_steps is not None and base[ref]
-                ratios.append(f"{ref_steps * base[ref] / 1e3 / seconds:.2f}x" if ok else "")
+            seconds = time_to_target(reach, times, name, link)
+            refs = [time_to_target(reach, times, ref, link) for ref in (DENSE, FP16)]
+            ratios = [f"{ref / seconds:.2f}x" if seconds and ref else "" for ref in refs]
             cells += [f"{ms:.0f}", "never" if seconds is None else f"{seconds:.1f}"] + ratios
         lines.append(f"| {label(name)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -135,7 +135,7 @@ class QSGDCompressor(QuantizingCompressor):
     Args:
         levels: number of quantization levels s, integer in [1, 32767] (default 16:
             6 bits per value).
-        bucket_size: values per bucket sharing one float32 norm, integer in
+        bucket_size: values per bucket (d) sharing one float32 norm, integer in
             [1, 2**31 - 1] (default 512).
         method: "alltoall" (default) or "allgather".
         error_feedback: keep the quantization error in a residual (default False; QSGD

@@ -71,8 +71,8 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
         max_residual_ratio: the guard's bound on a gradient's residual norm over its norm.
         profile_steps: steps profiled before the plans are predicted (>= 2; the first is warm-up).
         trial_steps: timed steps per shortlisted plan (after one warm-up step).
-        max_trials: plans tried at most; prune: plans predicted slower than prune x the best
-            are not tried.
+        max_trials: plans tried at most.
+        prune: plans predicted slower than prune x the best are not tried (a number >= 1).
         drift: relative change of the settled step time that makes it plan again.
         check_every: steps between the settled checks (guard and drift).
         warmup_steps: steps at the start on a dense choice (fp16 where it is a candidate)
@@ -80,8 +80,8 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
             else 100); ``auto_report()["phase"]`` is ``"warming"`` meanwhile.
         guard_momentum: under SGD with momentum keep to the candidates that keep quality, as
             under Adam's family (default True); False keeps every candidate there (top-k ended
-            level with dense on ResNet-18 under momentum SGD, 1.9% behind on the transformer).
-            Adam's family is guarded either way.
+            level with dense on ResNet-18 under momentum SGD, 1.8% behind on the transformer
+            over two seeds). Adam's family is guarded either way.
         nonfinite: a step whose gradient holds inf or NaN on some rank (a loss scaler's
             overflow) changes no state of auto's on any rank; ``"propagate"`` (default) makes
             every out-of-band gradient's result NaN on every rank, so that the scaler skips the

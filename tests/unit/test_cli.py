@@ -213,6 +213,58 @@ def test_the_console_script_is_declared():
         assert "horovod-sparse=horovod_sparse.cli:main" in f.read()
 
 
+#: third-party modules the CLI's code may import without them being install requirements: the
+#: frameworks and their companions (the user's own install, or an extra), numba's compiler, and
+#: scipy, whose fit only the scripts that refit the exchange costs call
+OPTIONAL_IMPORTS = {"torch", "tensorflow", "horovod", "ml_dtypes", "numba", "llvmlite", "scipy"}
+#: import name -> distribution name, where they differ
+DISTRIBUTIONS = {"array_api_compat": "array-api-compat"}
+
+
+def _third_party_imports(module):
+    """Top-level names of the non-stdlib modules imported anywhere in ``module`` and in the
+    horovod_sparse modules it reaches (lazy imports inside functions included)."""
+    import ast
+    found, seen, todo = set(), set(), [module]
+    while todo:
+        name = todo.pop()
+        path = os.path.join(ROOT, *name.split("."))
+        path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
+        if name in seen or not os.path.isfile(path):
+            continue
+        seen.add(name)
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for imported in names:
+                top = imported.split(".")[0]
+                if top == "horovod_sparse":
+                    todo.append(imported)
+                elif top not in sys.stdlib_module_names:
+                    found.add(top)
+    return found
+
+
+def test_what_the_cli_imports_is_installed_with_it():
+    """`pip install horovod_sparse` brings every module the CLI runs on (rich's tables and progress,
+    matplotlib's `whatif --plot`), apart from the frameworks and the optional kernels."""
+    import ast
+    with open(os.path.join(ROOT, "setup.py")) as f:
+        call = next(n for n in ast.walk(ast.parse(f.read())) if isinstance(n, ast.Call)
+                    and getattr(n.func, "id", None) == "setup")
+    requires = next(ast.literal_eval(k.value) for k in call.keywords if k.arg == "install_requires")
+    declared = {req.split(">")[0].split("=")[0].split("<")[0].strip() for req in requires}
+    needed = {DISTRIBUTIONS.get(m, m) for m in _third_party_imports("horovod_sparse.cli") - OPTIONAL_IMPORTS}
+    assert {"rich", "matplotlib"} <= needed, needed   # the walk reaches the lazy imports
+    assert needed <= declared, f"imported by the CLI but not in install_requires: {sorted(needed - declared)}"
+
+
 def test_whatif_auto_prints_the_choice_per_gradient(json_trace, capsys):
     argv = ["whatif", json_trace, "--auto", "fp16", "topk:density=0.01", "--workers", "8", "--bandwidth", "1", "100"]
     assert cli.main(argv + ["--json"]) == 0

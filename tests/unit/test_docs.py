@@ -1,4 +1,4 @@
-"""The docs stay honest: three checks over docs/**/*.md and README.md (and, for the first, the code).
+"""The docs stay honest: checks over docs/**/*.md, README.md and CHANGELOG.md (and, for the first, the code).
 
 1. No tracker words: the project's issue tracker is internal, so words that point into it (an
    issue or stop number, a numbered or otherwise named meeting) tell a reader nothing.
@@ -9,9 +9,17 @@
    ``# run: mpirun -np 2 python NAME.py`` (or ``# run: horovodrun -np 2 python NAME.py``) is a
    complete program; it is written to a temporary folder as NAME.py and run there on the ranks
    the marker names (through mpirun), and must exit 0. Blocks without the marker are not run.
+   A fenced block right after a ``<!-- output: NAME.py -->`` line is what rank 0 prints.
 3. Links resolve: every relative markdown link points to a file or folder that exists, and its
    ``#anchor`` (into a .md page) to a heading of that page, by GitHub's slug rules.
+4. Parameter tables are the code's: every compressor's table (between ``params-NAME`` markers)
+   is what scripts/param_tables.py renders from its signature and docstring.
+5. Headline numbers are their records': each number README.md, choosing.md, recipes.md and
+   auto.md quote from the quality studies is computed here from the study's records
+   (docs/results/data/accuracy/) by the scripts that made the tables, and the README's count
+   and list of compressors are the registry's.
 """
+import functools
 import os
 import re
 import signal
@@ -23,7 +31,7 @@ from urllib.parse import unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = sorted(ROOT.glob("docs/**/*.md")) + [ROOT / "README.md"]
+PAGES = sorted(ROOT.glob("docs/**/*.md")) + [ROOT / "README.md"] + sorted(ROOT.glob("CHANGELOG.md"))
 
 
 def rel(path):
@@ -240,6 +248,25 @@ def test_code_block_runs(page, start, body, tmp_path):
     status, output = run_mpi_program(tmp_path, name, int(ranks))
     assert status == 0, (f"{rel(page)}:{start} ({name}, {ranks} ranks) exited {status}; "
                          f"output of every rank:\n{output[-6000:]}")
+    shown = shown_output(page.read_text(), name)
+    if shown is not None:
+        # mpirun tags each chunk a rank writes, so a tag may sit inside a line: drop rank 0's
+        rank0 = re.findall(r"^\[\d+,0\]<stdout>:(.*)$", output, re.MULTILINE)
+        printed = [line for line in (re.sub(r"\[\d+,0\]<stdout>:", "", found) for found in rank0) if line]
+        assert printed == shown, (f"{rel(page)}: what the page shows {name} printing is not what rank 0 "
+                                  "printed:\n" + "\n".join(printed))
+
+
+def shown_output(text, name):
+    """The lines of the fenced block right after ``<!-- output: NAME -->`` on the page, or None."""
+    lines = text.splitlines()
+    marker = f"<!-- output: {name} -->"
+    if marker not in (line.strip() for line in lines):
+        return None
+    after = next(i for i, line in enumerate(lines) if line.strip() == marker) + 1
+    start = next(i for i in range(after, len(lines)) if lines[i].strip()) + 1   # the opening fence
+    block = next(body for opening, _, body in fenced_blocks(text) if opening == start)
+    return block
 
 
 def test_getting_started_holds_a_runnable_block():
@@ -300,3 +327,212 @@ def test_slugs_follow_github():
     assert slug("`max_residual_ratio` and *more*") == "max_residual_ratio-and-more"
     assert slug("1. What it does (and why)") == "1-what-it-does-and-why"
     assert slug("Foo & bar: [the link](x.md)") == "foo--bar-the-link"
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Parameter tables are the code's
+# ---------------------------------------------------------------------------------------------
+
+def param_tables():
+    from scripts_under_test import load_script
+    return load_script("param_tables")
+
+
+@pytest.mark.parametrize("name", param_tables().with_parameters())
+def test_parameter_table_is_the_code(name):
+    """A default or a docstring changed in the code changes the page: regenerate with
+    ``python scripts/param_tables.py``."""
+    tables = param_tables()
+    page = tables.PAGES.get(name)
+    assert page, f"{name}: no page holds its parameter table; name one in PAGES (scripts/param_tables.py)"
+    shown = tables.page_block(ROOT / page, name)
+    begin, end = tables.markers(tables.block_name(name))
+    assert shown is not None, f"{page} has no {begin} ... {end} block; run python scripts/param_tables.py"
+    assert shown == tables.table(name), (f"{page}: {name}'s parameter table differs from the code; "
+                                         "run python scripts/param_tables.py")
+
+
+def test_parameter_tables_show_the_resolved_warmup_and_every_parameter():
+    """The warm-up's ``None`` reads as the default it resolves to, and entries naming two
+    parameters give each its row."""
+    tables = param_tables()
+    assert "| `warmup_steps` | `100` |" in tables.table("oktopk")
+    assert "| `guard_momentum` | `True` |" in tables.table("auto")
+    doc = "Summary.\n\nArgs:\n    a, b: shared\n        text.\n    c: own.\n\nMore prose."
+    assert tables.args_section(doc) == {"a": "shared text.", "b": "shared text.", "c": "own."}
+
+
+# ---------------------------------------------------------------------------------------------
+# History lives in CHANGELOG.md
+# ---------------------------------------------------------------------------------------------
+
+#: phrasings of what the package did before: the guide says what it does, CHANGELOG.md what changed
+HISTORY = re.compile(r"\bused to\b|\bthe default (before|then)\b|\bno longer\b|\bwas silently\b"
+                     r"|\b(its|the) default now\b|\bit replaced\b|\bbefore the (redesign|on-device)", re.IGNORECASE)
+
+
+def test_the_guide_states_the_present():
+    """The user's guide (README.md, docs/*.md; not the dated records of docs/results/) holds no
+    history; CHANGELOG.md does."""
+    guide = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+    hits = [f"{rel(page)}:{number}: {line.strip()[:120]}" for page in guide
+            for number, line in prose_lines(page.read_text()) if HISTORY.search(line)]
+    assert not hits, "history in the guide (move it to CHANGELOG.md):\n" + "\n".join(hits)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Headline numbers are their records'
+# ---------------------------------------------------------------------------------------------
+
+RECORDS = ROOT / "docs" / "results" / "data" / "accuracy"
+TOLERANCE = 0.01   # the studies' target: Horovod dense's final metric within 1%
+TOPK, QSGD8 = "topk:density=0.01", "qsgd:levels=127,error_feedback=true"
+
+
+@functools.lru_cache(maxsize=None)
+def record_numbers():
+    """Every quoted figure, from the records, by recipe_study's and bench_tta's own functions:
+    quality gaps (% of dense's final metric, mean over the seeds) on loopback; times to target
+    measured directly on 1 Gbit/s (the run's own seconds, warm-up included) or derived (steps to
+    target x bench_step's steady step)."""
+    from scripts_under_test import load_script
+    study, tta = load_script("recipe_study"), load_script("bench_tta")
+
+    def tta_records(*files, recipe=None):
+        recs = study.read([str(RECORDS / f) for f in files], "tta")
+        return [r for r in recs if recipe is None or (r.get("recipe") or {}).get("name") == recipe]
+
+    def gap(recs, name):
+        return 100 * sum(study.gaps_to_dense(recs)[name]) / len(study.gaps_to_dense(recs)[name])
+
+    def measured(recs, name):
+        """(vs Horovod dense, vs Horovod fp16) of ``name``'s run, both sides measured."""
+        higher = study.higher_of(recs)
+        target = tta.target_of(recs, None, {}, TOLERANCE)[0]
+        row = next(r for r in tta.summarise(recs, target, higher) if r["compressor"] == name)
+        return row["vs_dense"], row["vs_fp16"]
+
+    def derived(recs, steps_file, name, link="1gbit"):
+        reach = study.reach_steps(recs, study.target_of(recs, TOLERANCE))
+        times = study.step_ms(study.read([str(RECORDS / steps_file)], "step"))
+        seconds = study.time_to_target(reach, times, name, link)
+        return tuple(study.time_to_target(reach, times, ref, link) / seconds for ref in (study.DENSE, study.FP16))
+
+    adamw = tta_records("adamw.jsonl", "adamw-seed1.jsonl", "adamw-seed2.jsonl")
+    momentum = tta_records("momentum.jsonl", "momentum-seed1.jsonl", "momentum-seed2.jsonl")
+    cluttered = tta_records("cnn-cluttered.jsonl", "cnn-cluttered-seed1.jsonl", "cnn-cluttered-seed2.jsonl")
+    topk_measured = measured(tta_records("cnn-cluttered-1gbit-merge.jsonl"), TOPK)
+    auto_measured = measured(tta_records("cnn-cluttered-1gbit-dense.jsonl", "cnn-cluttered-1gbit.jsonl"),
+                             "auto:guard_momentum=false")
+    return {
+        "topk_adamw_gap": gap(adamw, TOPK),
+        "topk_momentum_gap": gap(momentum, TOPK),
+        "topk_cnn_gap": gap(cluttered, TOPK),
+        "powersgd_adamw_gap": gap(tta_records("lm-1127.jsonl", recipe="adamw"), "powersgd:rank=2"),
+        "topk_1gbit_measured": topk_measured[0],
+        "topk_1gbit_derived": derived(cluttered, "step-cnn.jsonl", TOPK),
+        "auto_unguarded_1gbit_measured": auto_measured[0],
+        "qsgd8_1gbit_measured": measured(tta_records("adamw-1gbit.jsonl"), QSGD8),
+        "qsgd8_1gbit_derived": derived(adamw, "step-adamw.jsonl", QSGD8),
+    }
+
+
+def quoted(numbers):
+    """(page, phrase) pairs: each phrase, with the records' numbers put in, must be on the page."""
+    n = numbers
+    topk_d, topk_df = n["topk_1gbit_derived"]
+    q_m, q_mf = n["qsgd8_1gbit_measured"]
+    q_d, q_df = n["qsgd8_1gbit_derived"]
+    adamw, mom, auto = n["topk_adamw_gap"], n["topk_momentum_gap"], n["auto_unguarded_1gbit_measured"]
+    return [
+        ("README.md", f"dense's accuracy {n['topk_1gbit_measured']:.2f}x sooner than Horovod dense, both measured at 1 Gbit/s"),
+        ("README.md", f"{topk_d:.1f}x derived from the steady step"),
+        ("README.md", f"ends +{mom:.1f}% over two seeds"),
+        ("README.md", f"dense's quality {q_m:.1f}x sooner than Horovod dense and {q_mf:.1f}x sooner than "
+                      f"Horovod fp16, all measured; {q_d:.1f}x and {q_df:.1f}x derived"),
+        ("README.md", f"top-k ends +{adamw:.1f}% over three seeds, PowerSGD +{n['powersgd_adamw_gap']:.1f}%"),
+        ("README.md", f"`auto(guard_momentum=False)`: {auto:.1f}x sooner than Horovod dense on ResNet-18 at "
+                      "1 Gbit/s, both measured"),
+        ("docs/choosing.md", f"dense's accuracy {n['topk_1gbit_measured']:.2f}x sooner than Horovod dense, both "
+                             f"measured at 1 Gbit/s, top-k's warm-up included (derived from the steady step, which "
+                             f"leaves the warm-up out: {topk_d:.1f}x sooner than Horovod dense, {topk_df:.1f}x sooner "
+                             "than Horovod fp16)"),
+        ("docs/choosing.md", f"ended +{mom:.1f}% over two seeds"),
+        ("docs/choosing.md", f"dense's quality {q_m:.1f}x sooner than Horovod dense and {q_mf:.1f}x sooner than "
+                             f"Horovod fp16, all measured at 1 Gbit/s (derived from the steady step: {q_d:.1f}x and "
+                             f"{q_df:.1f}x)"),
+        ("docs/choosing.md", f"top-k ended +{adamw:.1f}% over three seeds, PowerSGD +{n['powersgd_adamw_gap']:.1f}% "
+                             "at rank 2"),
+        ("docs/choosing.md", f"reached dense's accuracy {auto:.1f}x sooner than Horovod dense (both measured"),
+        ("docs/recipes.md", f"| +{adamw:.1f}% (3 seeds) | +{mom:.1f}% (2 seeds) |"),
+        ("docs/recipes.md", f"| `powersgd` (rank 2, the default) | +{n['powersgd_adamw_gap']:.1f}% |"),
+        ("docs/recipes.md", f"top-k at 0.01 ended +{n['topk_cnn_gap']:.2f}% of dense's accuracy over three seeds"),
+        ("docs/recipes.md", f"the quantizer reached dense's quality {q_m:.1f}x sooner than Horovod dense and "
+                            f"{q_mf:.1f}x sooner than Horovod fp16 on the transformer, all measured (derived from "
+                            f"the steady step: {q_d:.1f}x and {q_df:.1f}x)"),
+        ("docs/recipes.md", f"reaches dense's accuracy {n['topk_1gbit_measured']:.2f}x sooner than Horovod dense, "
+                            "both measured on the same link and VM"),
+        ("docs/recipes.md", f"derived from the steady step, which leaves the warm-up out, {topk_d:.1f}x sooner "
+                            f"than Horovod dense and {topk_df:.1f}x sooner than Horovod fp16"),
+        ("docs/recipes.md", f"chose top-k: {auto:.1f}x sooner than Horovod dense (both measured"),
+        ("docs/recipes.md", f"top-k costs {mom:.1f}% (two seeds)"),
+        ("docs/recipes.md", f"+{adamw:.1f}% with it, three seeds"),
+        ("docs/recipes.md", f"top-k's +{mom:.1f}% (two seeds)"),
+        ("docs/auto.md", f"reaches dense's accuracy on ResNet-18 {n['topk_1gbit_measured']:.2f}x sooner than "
+                         "Horovod dense, both measured"),
+        ("docs/auto.md", f"top-k ends +{adamw:.1f}% on the transformer under AdamW"),
+        ("docs/auto.md", f"+{n['topk_cnn_gap']:.2f}% over three seeds"),
+        ("docs/auto.md", f"top-k at 0.01 ended {adamw:.1f}% (AdamW, three seeds) and {mom:.1f}% (momentum SGD, "
+                         "two seeds) worse than dense"),
+        ("docs/auto.md", f"{auto:.1f}x sooner than Horovod dense (both measured"),
+    ]
+
+
+def flat(text):
+    return " ".join(text.split())
+
+
+def test_headline_numbers_are_their_records():
+    """A number quoted from a study is the one its records give (rounded as quoted); derived
+    figures are labelled so beside the measured ones."""
+    missing = [f"{page}: {phrase!r}" for page, phrase in quoted(record_numbers())
+               if flat(phrase) not in flat((ROOT / page).read_text())]
+    assert not missing, ("these phrases, with the records' numbers, are not on their pages (the page or "
+                         "the record changed):\n" + "\n".join(missing))
+
+
+def test_the_records_give_the_known_figures():
+    """The computation itself, against the figures the study tables print."""
+    n = record_numbers()
+    assert round(n["topk_adamw_gap"], 2) == 5.38 and round(n["topk_momentum_gap"], 2) == 1.78
+    assert round(n["topk_1gbit_measured"], 2) == 1.97
+    assert [round(x, 2) for x in n["topk_1gbit_derived"]] == [3.84, 2.24]
+    assert [round(x, 2) for x in n["qsgd8_1gbit_derived"]] == [2.03, 1.27]
+
+
+def test_readme_counts_the_registry():
+    """The README's "N compressors: ..." says how many the registry has and names each of them."""
+    from horovod_sparse import registry
+    text = (ROOT / "README.md").read_text()
+    bullet = re.search(r"^- (\d+) compressors: (.*?)(?=^- |^$)", text, re.MULTILINE | re.DOTALL)
+    assert bullet, "README.md has no '- N compressors: ...' bullet"
+    assert int(bullet.group(1)) == len(registry.available()), \
+        f"README.md says {bullet.group(1)} compressors; the registry has {len(registry.available())}"
+    named = set(re.findall(r"`(\w+)`", bullet.group(2))) - {"auto"}
+    assert named == set(registry.available()), (f"README.md's list lacks {sorted(set(registry.available()) - named)}"
+                                                f" and names {sorted(named - set(registry.available()))} not registered")
+
+
+def test_supported_versions_are_the_pins():
+    """The README's "tested" column names every version scripts/versions.sh pins, on its row."""
+    pins = dict(re.findall(r"^(\w+)_VERSION=(\S+)$", (ROOT / "scripts" / "versions.sh").read_text(), re.MULTILINE))
+    text = (ROOT / "README.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| ([^|]+?) \| ([^|]+?) \|", text.split(
+        "## Supported versions", 1)[1].split("\n## ", 1)[0], re.MULTILINE)}
+    row_of = {"HOROVOD": "Horovod", "TORCH": "torch", "TF": "TensorFlow, tf-keras",
+              "TF_KERAS": "TensorFlow, tf-keras", "MPI4PY": "mpi4py", "NUMBA": "numba"}
+    unlisted = sorted(set(pins) - set(row_of) - {"TORCHVISION"})   # torchvision: the workloads' only
+    assert not unlisted, f"scripts/versions.sh pins {unlisted}: give each its row in README.md's table"
+    wrong = [f"{row_of[key]}: {version}" for key, version in pins.items()
+             if key in row_of and version not in rows.get(row_of[key], "")]
+    assert not wrong, "README.md's supported versions lack the pinned " + ", ".join(wrong)
