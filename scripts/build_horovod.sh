@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds a Horovod wheel (MPI + PyTorch + TensorFlow ops) from the PyPI sdist and prints its path.
+# Builds a Horovod wheel (MPI and Gloo controllers, PyTorch + TensorFlow ops) from the PyPI sdist and
+# prints its path. Gloo is what `horovodrun --gloo`, elastic Horovod, Spark and Ray launch over.
 #
 # Horovod 0.28.1, the last release, does not build as published against torch 2.13 and
 # TensorFlow 2.21. Two changes make it build:
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/.."
 source scripts/versions.sh
 PY=${PYTHON:-.venv/bin/python}
 
-cache=${HOROVOD_SPARSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/horovod_sparse}/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION
+cache=${HOROVOD_SPARSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/horovod_sparse}/horovod-$HOROVOD_VERSION-$HOROVOD_FLAVOUR-torch$TORCH_VERSION-tf$TF_VERSION
 if ls "$cache"/horovod-*.whl >/dev/null 2>&1; then
     ls "$cache"/horovod-*.whl | head -n1
     exit 0
@@ -39,7 +40,7 @@ echo "[build_horovod] building (about 8 minutes on 2 cores)" >&2
 $PY -m pip install -q cmake packaging psutil pyyaml cloudpickle >&2
 mkdir -p "$cache"
 HOROVOD_WITH_MPI=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 \
-HOROVOD_WITHOUT_GLOO=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI \
+HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI \
     $PY -m pip wheel -q --no-deps --no-build-isolation -w "$work/dist" "$src" >&2
 cp "$work"/dist/horovod-*.whl "$cache"/
 ls "$cache"/horovod-*.whl | head -n1

@@ -2,11 +2,11 @@
 # Installs everything horovod_sparse needs, idempotently:
 #   1. Open MPI from Debian (when mpirun is missing),
 #   2. a virtualenv at .venv with pinned torch / TensorFlow / mpi4py / numba / test tools,
-#   3. Horovod 0.28.1 built from its sdist (patched, cached wheel; scripts/build_horovod.sh),
+#   3. Horovod 0.28.1 built from its sdist with MPI and Gloo (patched, cached wheel; scripts/build_horovod.sh),
 #   4. torchvision for the workloads' ResNet-18, without its compiled ops (cached wheel;
 #      scripts/build_torchvision.sh says why),
 #   5. this package in editable mode,
-# then checks that `horovodrun --check-build` lists MPI, PyTorch and TensorFlow.
+# then checks that `horovodrun --check-build` lists MPI, Gloo, PyTorch and TensorFlow.
 # A second run with a warm cache takes seconds.
 # It prints one line per step with its time; the full output of every step goes to
 # results/install.log, and a failing step's output is shown in full (scripts/install_steps.sh).
@@ -49,7 +49,11 @@ have_deps || label+=" (torch, TensorFlow, ...: several minutes)"
 step "$label" --skip-if have_deps install_deps
 
 # -- 3. Horovod --------------------------------------------------------------
-have_horovod() { $PY -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')"; }
+# (the stamp names the build's flavour: a venv holding an older build, without Gloo say, is rebuilt)
+horovod_stamp=.venv/.horovod-$HOROVOD_VERSION-$HOROVOD_FLAVOUR
+have_horovod() {
+    [ -f "$horovod_stamp" ] && $PY -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')"
+}
 install_horovod() {
     local wheel
     wheel=$(scripts/build_horovod.sh)
@@ -57,6 +61,8 @@ install_horovod() {
     # its dependencies first: a run that fails after the wheel would find Horovod "present"
     $PY -m pip install -q cloudpickle psutil pyyaml packaging
     $PY -m pip install -q --no-deps --force-reinstall "$wheel"
+    rm -f .venv/.horovod-*
+    touch "$horovod_stamp"
 }
 label="Horovod $HOROVOD_VERSION"
 if ! have_horovod 2>/dev/null; then
@@ -95,15 +101,15 @@ check_build() {
     local check want
     check=$(.venv/bin/horovodrun --check-build)
     echo "$check"
-    for want in MPI PyTorch TensorFlow; do
+    for want in MPI Gloo PyTorch TensorFlow; do
         grep -q "\[X\] $want" <<<"$check" || {
             echo "error: horovodrun --check-build does not list $want as available"; return 1; }
     done
 }
-step "horovodrun --check-build lists MPI, PyTorch, TensorFlow" check_build
+step "horovodrun --check-build lists MPI, Gloo, PyTorch, TensorFlow" check_build
 check_torchvision() {
     $PY -c "import torchvision.models; torchvision.models.resnet18(num_classes=10)" || {
         echo "error: torchvision does not import with this torch"; return 1; }
 }
 step "torchvision imports, builds a ResNet-18" check_torchvision
-steps_end "ok: Horovod $HOROVOD_VERSION with MPI, PyTorch and TensorFlow, torchvision $tv_want in .venv"
+steps_end "ok: Horovod $HOROVOD_VERSION with MPI, Gloo, PyTorch and TensorFlow, torchvision $tv_want in .venv"
