@@ -83,7 +83,8 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"AdamW: weight_decay must be a float >= 0, got {weight_decay!r}")
         betas = tuple(check_unit_interval(f"betas[{i}]", b) for i, b in enumerate(betas))
         ExactSteps(exact_warmup, max_interval)  # checks both
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=check_bool("maximize", maximize),
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        maximize=check_bool("maximize", maximize),
                         exact_warmup=exact_warmup, max_interval=max_interval, exchanged_steps=0)
         super().__init__(params, defaults)
 

@@ -282,9 +282,13 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
     def regime(self):
         """``{buffer key: what its next step does}``; during the warm-up's carried steps
         ``{"horovod": "warm-up: dense until step N, on Horovod's allreduce"}`` (before the first
-        step N is ``warmup_steps``: the ramp's dense steps are counted in once P is known)."""
+        step N is ``warmup_steps``: the ramp's dense steps are counted in once P is known); on an
+        optimizer's exact step ``{"horovod": "exact every 32 steps (step 387 exact), on Horovod's allreduce"}``."""
         if self._carried_steps < self._dense_steps:
             return {"horovod": f"warm-up: dense until step {self._dense_steps}, on Horovod's allreduce"}
+        schedule = self.exact_schedule
+        if schedule is not None and schedule.is_exact(self.steps_exchanged):
+            return {"horovod": f"{schedule.describe(self.steps_exchanged)}, on Horovod's allreduce"}
         return super().regime()
 
     def close(self):

@@ -49,6 +49,9 @@ def test_exact_steps_are_horovods_average_on_every_rank_and_replicas_agree(comm,
     opt, compression = adamw(model)
     reports = []
     for step in range(STEPS):
+        if step == 10:   # exact on the schedule, after the warm-ups
+            assert compression.regime() == {"horovod": "exact every 4 steps (step 10 exact), "
+                                                       "on Horovod's allreduce"}
         local = local_gradients(model, step)
         reduced = train_step(model, opt, step)
         reports.append(compression.exact_report)
