@@ -8,8 +8,9 @@
 
 Imports PyTorch (and Horovod's PyTorch ops) only.
 """
+from horovod_sparse.torch.adamw import AdamW
 from horovod_sparse.torch.compression import Compression, TorchCompressor
 from horovod_sparse.torch.auto import TorchAutoCompressor
 from horovod_sparse.torch.out_of_band import TorchOutOfBandCompressor
 
-__all__ = ["Compression", "TorchAutoCompressor", "TorchCompressor", "TorchOutOfBandCompressor"]
+__all__ = ["AdamW", "Compression", "TorchAutoCompressor", "TorchCompressor", "TorchOutOfBandCompressor"]

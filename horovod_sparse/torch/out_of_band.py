@@ -34,6 +34,15 @@ as the overflow rule wants; with ``nonfinite="raise"`` it raises at the step's l
 ``decompress``), saves the count as the step counter of its state, and the pipelines start
 from it at the first compressed step, so the ramp and the schedule's profiling come after.
 
+Exact steps (:mod:`horovod_sparse.exact_steps`) ride the same path: where the optimizer has an
+``exact_schedule`` (:class:`horovod_sparse.torch.AdamW`), read from the optimizer calling the
+compressor, the steps it names are carried by Horovod's allreduce too, uncompressed, and leave
+the pipelines' state (residuals, step counters) as it was. The compressor counts every step it
+exchanged whose sums are finite (``steps_exchanged``, saved with its state where a schedule is
+in use) and reports the last one as ``exact_report``: ``(its 0-based index, whether its average
+was exact)``; every carried step (the warm-up's too) is exact, every pipeline step is not. The
+optimizer checks the report against its own count, so the two cannot drift apart silently.
+
 A frozen parameter (``requires_grad`` False, as in fine-tuning schedules) leaves the fused
 layout at the step it is frozen on every rank: its residual is kept aside, untouched, and
 restored when it is unfrozen (:mod:`horovod_sparse.layout_pipeline`), never drained into a frozen
@@ -61,6 +70,9 @@ from horovod_sparse.out_of_band import OutOfBandCompressorBase
 from horovod_sparse.schedule.planner import SCHEDULES
 from horovod_sparse.step.exchanges import StepExchanges
 from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum
+
+#: ``state_dict`` key of the count of steps exchanged (where an exact-step schedule is in use)
+STEPS_KEY = "(steps)"
 
 
 class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
@@ -130,6 +142,9 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._carrying = False       # this step is one of them
         self._carried_sums = None    # whether Horovod's sums of this carried step are all finite
         self._decompressed = 0       # of this carried step's gradients (the last one ends the step)
+        self._warming = False        # this carried step is one of the warm-up's (else an exact step)
+        self.steps_exchanged = 0     # steps whose sums were finite, carried or compressed
+        self.exact_report = None     # (index, exact) of the last of them; None before one, and after a load
 
     def compress(self, tensor):
         if not self._caller_checked:
@@ -138,13 +153,13 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             self._comm = communicator_of(caller_process_set())
             self._caller_checked = True
             self._dense_steps = self.algorithm.dense_steps(self._comm.Get_size())
+        name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
+        self._optimizer.check(optimizer)  # before the step starts: the optimizer's schedule decides it
         if self._step_finished:
             self._start_step()
-        name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
-        self._optimizer.check(optimizer)
         key = self._position if name is None else name
         self._position += 1
-        if self._carrying:  # a dense warm-up step: Horovod's allreduce, as it is
+        if self._carrying:  # a dense warm-up step or an exact step: Horovod's allreduce, as it is
             return self.compress_dense(tensor, key)
         if self.goes_dense(tensor):
             if tensor.is_floating_point():
@@ -164,7 +179,9 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._position, self._step_finished = 0, False
         self._recorded, self._frozen, self._results = {}, {}, None
         self._carried = FiniteCheck()
-        self._carrying = self._carried_steps < self._dense_steps
+        self._warming = self._carried_steps < self._dense_steps
+        schedule = self.exact_schedule
+        self._carrying = self._warming or (schedule is not None and schedule.is_exact(self.steps_exchanged))
         if self._carrying:
             self._carried_sums, self._decompressed = FiniteCheck(), 0
             return
@@ -178,8 +195,10 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         before its first ``decompress``): count it if Horovod's sums are finite, which they are
         on every rank or on none."""
         if self._carried_sums.all():
-            self._carried_steps += 1
-            self._hand_over = True
+            self._count_step(exact=True)
+            if self._warming:
+                self._carried_steps += 1
+                self._hand_over = True
         elif self.nonfinite == "raise":
             self._optimizer.abandon_step()
             raise_with_hint(NonFiniteGradientError(
@@ -208,8 +227,20 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
                     self._optimizer.abandon_step()
                     raise_with_hint(error)
                 self._results = NonFiniteSum(self._recorded, self._frozen)
+            else:
+                self._count_step(exact=False)
             self.pipelines = self.exchanges.pipelines
         return self._results.write(info, self.scale(tensor.item()))
+
+    def _count_step(self, exact):
+        self.exact_report = (self.steps_exchanged, exact)
+        self.steps_exchanged += 1
+
+    @property
+    def exact_schedule(self):
+        """The :class:`~horovod_sparse.exact_steps.ExactSteps` of the optimizer this compressor
+        belongs to (its ``exact_schedule``), or None: then only the warm-up's steps are exact."""
+        return getattr(self._optimizer.optimizer, "exact_schedule", None)
 
     @property
     def schedule_report(self):
@@ -231,6 +262,8 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         state = self.exchanges.state_dict()
         if self._carried_steps < self._dense_steps or self._hand_over:
             state[PIPELINE_KEY] = {**state.get(PIPELINE_KEY, {}), "step": self._carried_steps}
+        if self.exact_schedule is not None:  # the schedule's counter (carried exact steps leave the pipelines' alone)
+            state[STEPS_KEY] = {"step": self.steps_exchanged}
         return state
 
     def load_state_dict(self, state_dict):
@@ -238,16 +271,24 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         it by name, whatever the layout then. A saved plan is resumed if this compressor has a
         schedule (not ``"after_backward"``); one saved while ``"auto"`` was still trying its
         candidates is not: the residuals are, and the resumed run profiles and tries again."""
+        state_dict = dict(state_dict)
         whole = state_dict.get(PIPELINE_KEY) or {}
         self._carried_steps, self._hand_over = int(whole.get("step", 0)), False
+        # saved without a schedule: no exact step left the pipelines, whose counter is then the count
+        self.steps_exchanged = int((state_dict.pop(STEPS_KEY, None) or whole).get("step", 0))
+        self.exact_report = None
         self.exchanges.load_state_dict(state_dict)
 
     def regime(self):
         """``{buffer key: what its next step does}``; during the warm-up's carried steps
         ``{"horovod": "warm-up: dense until step N, on Horovod's allreduce"}`` (before the first
-        step N is ``warmup_steps``: the ramp's dense steps are counted in once P is known)."""
+        step N is ``warmup_steps``: the ramp's dense steps are counted in once P is known); on an
+        optimizer's exact step ``{"horovod": "exact every 32 steps (step 387 exact), on Horovod's allreduce"}``."""
         if self._carried_steps < self._dense_steps:
             return {"horovod": f"warm-up: dense until step {self._dense_steps}, on Horovod's allreduce"}
+        schedule = self.exact_schedule
+        if schedule is not None and schedule.is_exact(self.steps_exchanged):
+            return {"horovod": f"{schedule.describe(self.steps_exchanged)}, on Horovod's allreduce"}
         return super().regime()
 
     def close(self):
