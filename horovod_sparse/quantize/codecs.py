@@ -283,6 +283,9 @@ class _StochasticLevels(ValueCodec):
     s > 31 that rounding could reach 2s + 1, so codes are clipped to [0, 2s] there.
     Layout: the B bucket scales (float32), then the codes, ``bits = 1 +
     ceil(log2(s + 1))`` each, bit-packed.
+
+    Step 2 is :meth:`_scaled` and :meth:`_offset_levels`: int4's absmax code (:mod:`.absmax`)
+    keeps steps 1 and 3 and this layout, and rounds x / S * s to the nearest level instead.
     """
 
     stochastic = True
@@ -323,9 +326,9 @@ class _StochasticLevels(ValueCodec):
         # block, so that the temporaries stay in cache
         packed, streams, floats = _window(out, 4 * scales.shape[0]), [], []
         for start, stop, first in _blocks_of(x, count, bucket, scales.shape[0]):
-            y = _per_bucket("multiply", x[start:stop], inv[first:], bucket,
-                            scratch.get("levels", stop - start, "float32", x))
-            y = _plus(y, _noise(stop - start, seed, s, scratch, x, start))
+            y = self._scaled(x[start:stop], inv[first:], scales[first:], bucket,
+                             scratch.get("levels", stop - start, "float32", x))
+            y = self._offset_levels(y, seed, start, scratch, x)
             if broken is not None:  # NaN * 0 in a broken bucket: level 0 there
                 y = _broken_rows(y, broken[first:], bucket, s)
             if s > 31:
@@ -367,6 +370,15 @@ class _StochasticLevels(ValueCodec):
     def _fused_scales(self, x, scales):
         """Fill ``scales`` before the encode pass, or return True: the pass computes them."""
         raise NotImplementedError
+
+    def _scaled(self, x, inv, scales, bucket, out):
+        """Step 2's x * inv per bucket, into ``out`` (TensorFlow: new)."""
+        return _per_bucket("multiply", x, inv, bucket, out)
+
+    def _offset_levels(self, y, seed, start, scratch, like):
+        """Step 2 before the truncation: y = x * inv (values start .. of the stream) plus
+        s + u, in place (TensorFlow: new). A deterministic code overrides the rounding."""
+        return _plus(y, _noise(y.shape[0], seed, self.levels, scratch, like, start))
 
     def _decode_fused(self, data, count, out):
         if count == 0 or not data.flags.c_contiguous:  # the kernel loads 8 bytes at a time
