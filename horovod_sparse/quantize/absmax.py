@@ -6,8 +6,9 @@ bits with the error compensated). Against QSGD at the same bits it scales by the
 the max a few times), and rounds to the nearest level, so its error per value is several
 times smaller (docs/quantizers.md, ``studies/int4_error.py``).
 
-It is :class:`~horovod_sparse.quantize.codecs._StochasticLevels` with two changes: the
-bucket's scale is its max |x|, and the rounding is to the nearest level, not stochastic.
+It is QSGD's levels (:class:`~horovod_sparse.quantize.codecs._StochasticLevels`, over buckets
+of ``bucket_size``) with two changes: the bucket's scale is its max |x|, and the rounding is to
+the nearest level, not stochastic.
 """
 import sys
 
@@ -16,10 +17,10 @@ import numpy as np
 from horovod_sparse.checks import check_int
 from horovod_sparse.ops import namespace
 
-from .codecs import _StochasticLevels, _blocks, _per_bucket
+from .codecs import _FixedBuckets, _per_bucket, bucket_rows
 
 
-class Int4Codec(_StochasticLevels):
+class Int4Codec(_FixedBuckets):
     """Absmax levels (CocktailSGD; LoCo): ``bits`` per value, round to nearest, per bucket
     one float32 scale, the bucket's max |x|.
 
@@ -67,12 +68,6 @@ class Int4Codec(_StochasticLevels):
         super().__init__(2 ** (bits - 1) - 1)
         self.bucket_size = check_int("bucket_size", bucket_size, 1, 2 ** 31 - 1)
 
-    def _bucket(self, count):
-        return self.bucket_size
-
-    def _buckets(self, count):
-        return -(-int(count) // self.bucket_size)
-
     def _scales(self, x, bucket, scratch):
         count, buckets = x.shape[0], self._buckets(x.shape[0])
         if namespace.is_tensorflow(x):
@@ -84,17 +79,14 @@ class Int4Codec(_StochasticLevels):
             return tf.where(scales < self._smallest_scale(), tf.zeros_like(scales), scales)
         lib = namespace.backend(x)
         scales = scratch.get("scales", buckets, "float32", x)
-        for start, stop, first in _blocks(count, bucket, buckets):  # whole buckets each
-            magnitudes = lib.abs(x[start:stop], out=scratch.get("magnitudes", stop - start, "float32", x))
-            full = (stop - start) // bucket
-            if full:
-                _row_max(magnitudes[:full * bucket].reshape(full, bucket), scales[first:first + full])
-            if full * bucket < stop - start:
-                part = _row_max(magnitudes[full * bucket:].reshape(1, -1), scratch.get("part", 1, "float32", x))
-                if start and buckets == 1:  # one bucket longer than a block: the max of its blocks
-                    lib.maximum(scales, part, out=scales)  # (NaN-propagating, as the row max)
-                else:
-                    scales[first + full:] = part
+
+        def magnitudes(block):
+            return lib.abs(block, out=scratch.get("magnitudes", block.shape[0], "float32", x))
+
+        def larger(total, part):  # one bucket longer than a block: the max of its blocks (NaN wins)
+            lib.maximum(total, part, out=total)
+
+        bucket_rows(x, bucket, scales, magnitudes, _row_max, larger)
         scales[scales < self._smallest_scale()] = 0
         return scales
 
@@ -125,8 +117,6 @@ class Int4Codec(_StochasticLevels):
         return f"Int4Codec(bits={self.bits}, bucket_size={self.bucket_size})"
 
 
-def _row_max(rows, out):
-    """out[i] = max of row i, NaN if the row holds one (numpy's and torch's max propagate it)."""
-    if namespace.is_torch(rows):
-        return sys.modules["torch"].amax(rows, dim=1, out=out)
-    return np.max(rows, axis=1, out=out)
+def _row_max(rows):
+    """The max of each row, NaN where the row holds one (numpy's and torch's max propagate it)."""
+    return sys.modules["torch"].amax(rows, dim=1) if namespace.is_torch(rows) else np.max(rows, axis=1)

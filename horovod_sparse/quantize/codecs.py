@@ -471,6 +471,26 @@ def _blocks(count, bucket, buckets):
         yield start, min(start + size, count), 0 if buckets == 1 else start // bucket
 
 
+def bucket_rows(x, bucket, out, prepare, reduce_rows, combine):
+    """``out[b]`` = ``reduce_rows`` of bucket b's values after ``prepare`` (numpy or torch), block
+    by block (:func:`_blocks`, whole buckets each): ``prepare(values)`` returns a scratch array of
+    them transformed, ``reduce_rows(matrix)`` one value per row; a bucket longer than a block (the
+    only one) gets ``combine(out, part)`` (in place) of its later blocks' parts."""
+    count = x.shape[0]
+    for start, stop, first in _blocks(count, bucket, out.shape[0]):
+        values = prepare(x[start:stop])
+        full = (stop - start) // bucket
+        if full:
+            out[first:first + full] = reduce_rows(values[:full * bucket].reshape(full, bucket))
+        if full * bucket < stop - start:
+            part = reduce_rows(values[full * bucket:].reshape(1, -1))
+            if start and out.shape[0] == 1:
+                combine(out, part)
+            else:
+                out[first + full:] = part
+    return out
+
+
 def _blocks_of(x, count, bucket, buckets):
     """:func:`_blocks`; one block on TensorFlow (new tensors: no temporaries to keep in cache;
     the counter-based noise and the per-bucket arithmetic do not depend on the blocks)."""
@@ -560,7 +580,17 @@ def _broken_rows(y, broken, bucket, level):
     return y
 
 
-class QSGDCodec(_StochasticLevels):
+class _FixedBuckets(_StochasticLevels):
+    """Levels over consecutive buckets of ``bucket_size`` values (the last one may be shorter)."""
+
+    def _bucket(self, count):
+        return self.bucket_size
+
+    def _buckets(self, count):
+        return -(-int(count) // self.bucket_size)
+
+
+class QSGDCodec(_FixedBuckets):
     """QSGD (Alistarh et al., NeurIPS'17): per bucket the L2 norm and stochastic levels.
 
     Parameters
@@ -594,12 +624,6 @@ class QSGDCodec(_StochasticLevels):
         super().__init__(check_int("levels", levels, 1, 2 ** 15 - 1))
         self.bucket_size = check_int("bucket_size", bucket_size, 1, 2 ** 31 - 1)
 
-    def _bucket(self, count):
-        return self.bucket_size
-
-    def _buckets(self, count):
-        return -(-int(count) // self.bucket_size)
-
     def _scales(self, x, bucket, scratch):
         count = x.shape[0]
         if namespace.is_tensorflow(x):  # the same rows summed by the same tree, block by block
@@ -616,18 +640,14 @@ class QSGDCodec(_StochasticLevels):
             return _sqrt(tf.concat([rows[k] for k in sorted(rows)], 0))
         lib = namespace.backend(x)
         norms = scratch.get("norms", self._buckets(count), "float32", x)
-        for start, stop, first in _blocks(count, bucket, norms.shape[0]):  # whole buckets each
-            squares = scratch.get("squares", stop - start, "float32", x)
-            lib.multiply(x[start:stop], x[start:stop], out=squares)
-            full = (stop - start) // bucket
-            if full:
-                norms[first:first + full] = tree_sum_rows(squares[:full * bucket].reshape(full, bucket))
-            if full * bucket < stop - start:
-                part = tree_sum_rows(squares[full * bucket:].reshape(1, -1))
-                if start and norms.shape[0] == 1:  # one bucket longer than a block: add its blocks' sums in order
-                    norms[first + full:] += part
-                else:
-                    norms[first + full:] = part
+
+        def squares(block):
+            return lib.multiply(block, block, out=scratch.get("squares", block.shape[0], "float32", x))
+
+        def add(total, part):  # one bucket longer than a block: its blocks' sums added in order
+            total += part
+
+        bucket_rows(x, bucket, norms, squares, tree_sum_rows, add)
         norms[...] = _sqrt(norms)
         return norms
 

@@ -369,6 +369,24 @@ def test_int4_adversarial_inputs_match_the_oracle(bits, bucket):
 
 
 @pytest.mark.parametrize("bits,bucket", [(2, 8), (3, 13), (4, 128), (3, 2 ** 31 - 1)])
+def test_int4_on_torchs_own_kernels_is_the_oracles(bits, bucket, monkeypatch):
+    """What a CUDA tensor runs (torch's amax, round, divide; a CPU tensor's math runs on its numpy
+    view), here on the CPU: the oracle's bytes and floats, and encode's ``decoded``."""
+    torch = pytest.importorskip("torch")
+    from horovod_sparse.quantize import codec as codec_module
+    monkeypatch.setattr(codec_module, "_kernel", lambda x: x)
+    x = int4_adversarial(min(bucket, 128), seed=bits)
+    codec = Int4Codec(bits, bucket)
+    expected_bytes, expected_values = oracle.int4(x, bits, bucket)
+    decoded = torch.empty(x.size)
+    code = codec.encode(torch.from_numpy(x.copy()), decoded=decoded)
+    np.testing.assert_array_equal(code.numpy(), expected_bytes)
+    np.testing.assert_array_equal(decoded.numpy().view(np.uint32), expected_values.view(np.uint32))
+    values = codec.decode(code, x.size).numpy()
+    np.testing.assert_array_equal(values.view(np.uint32), expected_values.view(np.uint32))
+
+
+@pytest.mark.parametrize("bits,bucket", [(2, 8), (3, 13), (4, 128), (3, 2 ** 31 - 1)])
 def test_int4_on_tensorflow_is_the_oracles(bits, bucket):
     """TensorFlow's ops (the frontend's on-device step) give the oracle's bytes and floats, also
     where TensorFlow flushes denormals on the CPU (the smallest scales, huge maxima)."""
