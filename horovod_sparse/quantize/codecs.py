@@ -363,7 +363,8 @@ class _StochasticLevels(ValueCodec):
         row = scratch.get("squares", min(bucket, block, count), "float32", x)
         codes = scratch.get("fused_codes", fused._CHUNK, "uint8" if self.bits < 8 else "int32", x)
         fused.levels_encode(x, scales, norms_here, bucket, block, self.levels, self.bits, k1, k2, 0,
-                            out[4 * buckets:], _or_empty(decoded), _or_empty(residual), row, codes)
+                            out[4 * buckets:], _or_empty(decoded), _or_empty(residual), row, codes,
+                            not self.stochastic)
         _write_floats(out, scales)
         return True
 

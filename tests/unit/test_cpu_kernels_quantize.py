@@ -38,7 +38,7 @@ CODECS = [QSGDCodec(), QSGDCodec(levels=1, bucket_size=7), QSGDCodec(levels=2 **
           QSGDCodec(levels=40, bucket_size=1000), QSGDCodec(levels=5, bucket_size=1), TernGradCodec(),
           QSGDCodec(levels=127), QSGDCodec(levels=64, bucket_size=3), QSGDCodec(levels=127, bucket_size=2 ** 31 - 1),
           SignCodec(), ScaledSignCodec(), OneBitCodec(),
-          # int4 encodes on numpy either way; its decode is the levels' kernel
+          # int4: the levels' kernels rounding to nearest
           Int4Codec(), Int4Codec(bits=3, bucket_size=7), Int4Codec(bits=2, bucket_size=1000)]
 
 
