@@ -22,6 +22,7 @@ COMPRESSORS = {
     "dense": "horovod_sparse.compressors.quantizers:DenseCompressor",
     "bf16": "horovod_sparse.compressors.quantizers:BF16Compressor",
     "qsgd": "horovod_sparse.compressors.quantizers:QSGDCompressor",
+    "int4": "horovod_sparse.compressors.quantizers:Int4Compressor",
     "terngrad": "horovod_sparse.compressors.quantizers:TernGradCompressor",
     "signsgd": "horovod_sparse.compressors.quantizers:SignSGDCompressor",
     "signum": "horovod_sparse.compressors.quantizers:SignumCompressor",

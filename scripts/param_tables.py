@@ -26,7 +26,7 @@ from horovod_sparse.warmup import DEFAULT_WARMUP  # noqa: E402
 PAGES = {
     "randomk": "docs/compressors.md", "dense": "docs/compressors.md",
     **{name: "docs/sparsifiers.md" for name in ("topk", "oktopk", "gtopk", "gaussiank", "threshold", "dgc")},
-    **{name: "docs/quantizers.md" for name in ("bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd",
+    **{name: "docs/quantizers.md" for name in ("bf16", "qsgd", "int4", "terngrad", "signsgd", "signum", "efsignsgd",
                                                 "onebit")},
     "powersgd": "docs/powersgd.md", "fft": "docs/fft.md", "auto": "docs/auto.md",
 }

@@ -40,7 +40,7 @@ DENSE_CHOICES = (NONE, FP16)
 #: bytes per element Horovod carries for each dense choice
 _DENSE_BYTES = {NONE: 4, FP16: 2}
 #: the defaults of ``candidates=``
-DEFAULT_CANDIDATES = ("fp16", "topk:density=0.01", "powersgd:rank=2", "qsgd:levels=127,error_feedback=true")
+DEFAULT_CANDIDATES = ("fp16", "topk:density=0.01", "powersgd:rank=2", "qsgd:levels=127,error_feedback=true", "int4")
 #: element counts from which a size-threshold mix hands gradients to a candidate
 THRESHOLDS = (1 << 14, 1 << 17, 1 << 20)
 

@@ -87,6 +87,7 @@ def keeps_recipe_quality(spec):
     if spec in DENSE_CHOICES:
         return True
     algorithm = registry.create_steady(spec)
+    # int4 joins here only once a quality study measures it under AdamW and momentum SGD
     return (getattr(algorithm, "levels", 0) >= GUARD_MIN_LEVELS
             and getattr(algorithm, "error_feedback", False) is True)
 

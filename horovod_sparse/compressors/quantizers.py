@@ -1,4 +1,4 @@
-"""Quantizing compressors: bf16, QSGD, TernGrad, signSGD, Signum, EF-signSGD, 1-bit SGD, and
+"""Quantizing compressors: bf16, QSGD, int4, TernGrad, signSGD, Signum, EF-signSGD, 1-bit SGD, and
 the float32 "dense" sum (no compression; the schedules' baseline).
 
 Their codes are bit-packed with per-bucket or per-vector headers, which Horovod's dense
@@ -27,11 +27,13 @@ packing), only the packed codes cross to numpy for MPI, and the result is the nu
 bit for bit.
 
 Code sizes per value (headers aside): bf16 16 bits, qsgd 1 + ceil(log2(levels + 1))
-bits (6 for 16 levels) plus 4 bytes per bucket, terngrad 2 bits, the sign codes 1 bit.
+bits (6 for 16 levels) plus 4 bytes per bucket, int4 ``bits`` (4) plus 4 bytes per bucket,
+terngrad 2 bits, the sign codes 1 bit.
 """
-from horovod_sparse.compressors.base import (OutOfBandCompressor, check_bool, check_choice, check_positive_int,
-                                             check_unit_interval)
+from horovod_sparse.compressors.base import (OutOfBandCompressor, check_bool, check_choice, check_int,
+                                             check_positive_int, check_unit_interval)
 from horovod_sparse.exchange.plain_sum import PlainSumPipeline
+from horovod_sparse.quantize.absmax import Int4Codec
 from horovod_sparse.quantize.codec import Float32Codec
 from horovod_sparse.quantize.codecs import (BF16Codec, OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec,
                                             TernGradCodec)
@@ -151,6 +153,32 @@ class QSGDCompressor(QuantizingCompressor):
 
     def codec(self):
         return QSGDCodec(self.levels, self.bucket_size)
+
+
+class Int4Compressor(QuantizingCompressor):
+    """4-bit absmax levels with error feedback (CocktailSGD's code: per bucket of 128 values
+    its max |x|; LoCo, arXiv 2407.04480: 4 bits with the error compensated): each value the
+    nearest of {-L, .., L} * max / L, L = 2**(bits - 1) - 1, ties to even; deterministic,
+    so the error feedback (on by default) is what makes it unbiased over the steps. Several
+    times less error per value than qsgd at the same bits (docs/quantizers.md).
+
+    Args:
+        bits: bits per value, integer in [2, 4] (default 4: L = 7).
+        bucket_size: values per bucket sharing one float32 scale, integer in
+            [1, 2**31 - 1] (default 128: 0.53 bytes per value at 4 bits).
+        method: "alltoall" (default) or "allgather".
+        error_feedback: keep the rounding error in a residual (default True).
+    """
+
+    name = "int4"
+
+    def __init__(self, bits=4, bucket_size=128, method="alltoall", error_feedback=True):
+        self.bits = check_int("bits", bits, 2, 4)
+        self.bucket_size = check_positive_int("bucket_size", bucket_size)
+        super().__init__(method, error_feedback, bits=self.bits, bucket_size=self.bucket_size)
+
+    def codec(self):
+        return Int4Codec(self.bits, self.bucket_size)
 
 
 class TernGradCompressor(QuantizingCompressor):

@@ -283,6 +283,9 @@ class _StochasticLevels(ValueCodec):
     s > 31 that rounding could reach 2s + 1, so codes are clipped to [0, 2s] there.
     Layout: the B bucket scales (float32), then the codes, ``bits = 1 +
     ceil(log2(s + 1))`` each, bit-packed.
+
+    Step 2 is :meth:`_scaled` and :meth:`_offset_levels`: int4's absmax code (:mod:`.absmax`)
+    keeps steps 1 and 3 and this layout, and rounds x / S * s to the nearest level instead.
     """
 
     stochastic = True
@@ -323,9 +326,9 @@ class _StochasticLevels(ValueCodec):
         # block, so that the temporaries stay in cache
         packed, streams, floats = _window(out, 4 * scales.shape[0]), [], []
         for start, stop, first in _blocks_of(x, count, bucket, scales.shape[0]):
-            y = _per_bucket("multiply", x[start:stop], inv[first:], bucket,
-                            scratch.get("levels", stop - start, "float32", x))
-            y = _plus(y, _noise(stop - start, seed, s, scratch, x, start))
+            y = self._scaled(x[start:stop], inv[first:], scales[first:], bucket,
+                             scratch.get("levels", stop - start, "float32", x))
+            y = self._offset_levels(y, seed, start, scratch, x)
             if broken is not None:  # NaN * 0 in a broken bucket: level 0 there
                 y = _broken_rows(y, broken[first:], bucket, s)
             if s > 31:
@@ -360,13 +363,23 @@ class _StochasticLevels(ValueCodec):
         row = scratch.get("squares", min(bucket, block, count), "float32", x)
         codes = scratch.get("fused_codes", fused._CHUNK, "uint8" if self.bits < 8 else "int32", x)
         fused.levels_encode(x, scales, norms_here, bucket, block, self.levels, self.bits, k1, k2, 0,
-                            out[4 * buckets:], _or_empty(decoded), _or_empty(residual), row, codes)
+                            out[4 * buckets:], _or_empty(decoded), _or_empty(residual), row, codes,
+                            not self.stochastic)
         _write_floats(out, scales)
         return True
 
     def _fused_scales(self, x, scales):
         """Fill ``scales`` before the encode pass, or return True: the pass computes them."""
         raise NotImplementedError
+
+    def _scaled(self, x, inv, scales, bucket, out):
+        """Step 2's x * inv per bucket, into ``out`` (TensorFlow: new)."""
+        return _per_bucket("multiply", x, inv, bucket, out)
+
+    def _offset_levels(self, y, seed, start, scratch, like):
+        """Step 2 before the truncation: y = x * inv (values start .. of the stream) plus
+        s + u, in place (TensorFlow: new). A deterministic code overrides the rounding."""
+        return _plus(y, _noise(y.shape[0], seed, self.levels, scratch, like, start))
 
     def _decode_fused(self, data, count, out):
         if count == 0 or not data.flags.c_contiguous:  # the kernel loads 8 bytes at a time
@@ -459,6 +472,26 @@ def _blocks(count, bucket, buckets):
         yield start, min(start + size, count), 0 if buckets == 1 else start // bucket
 
 
+def bucket_rows(x, bucket, out, prepare, reduce_rows, combine):
+    """``out[b]`` = ``reduce_rows`` of bucket b's values after ``prepare`` (numpy or torch), block
+    by block (:func:`_blocks`, whole buckets each): ``prepare(values)`` returns a scratch array of
+    them transformed, ``reduce_rows(matrix)`` one value per row; a bucket longer than a block (the
+    only one) gets ``combine(out, part)`` (in place) of its later blocks' parts."""
+    count = x.shape[0]
+    for start, stop, first in _blocks(count, bucket, out.shape[0]):
+        values = prepare(x[start:stop])
+        full = (stop - start) // bucket
+        if full:
+            out[first:first + full] = reduce_rows(values[:full * bucket].reshape(full, bucket))
+        if full * bucket < stop - start:
+            part = reduce_rows(values[full * bucket:].reshape(1, -1))
+            if start and out.shape[0] == 1:
+                combine(out, part)
+            else:
+                out[first + full:] = part
+    return out
+
+
 def _blocks_of(x, count, bucket, buckets):
     """:func:`_blocks`; one block on TensorFlow (new tensors: no temporaries to keep in cache;
     the counter-based noise and the per-bucket arithmetic do not depend on the blocks)."""
@@ -548,7 +581,17 @@ def _broken_rows(y, broken, bucket, level):
     return y
 
 
-class QSGDCodec(_StochasticLevels):
+class _FixedBuckets(_StochasticLevels):
+    """Levels over consecutive buckets of ``bucket_size`` values (the last one may be shorter)."""
+
+    def _bucket(self, count):
+        return self.bucket_size
+
+    def _buckets(self, count):
+        return -(-int(count) // self.bucket_size)
+
+
+class QSGDCodec(_FixedBuckets):
     """QSGD (Alistarh et al., NeurIPS'17): per bucket the L2 norm and stochastic levels.
 
     Parameters
@@ -582,12 +625,6 @@ class QSGDCodec(_StochasticLevels):
         super().__init__(check_int("levels", levels, 1, 2 ** 15 - 1))
         self.bucket_size = check_int("bucket_size", bucket_size, 1, 2 ** 31 - 1)
 
-    def _bucket(self, count):
-        return self.bucket_size
-
-    def _buckets(self, count):
-        return -(-int(count) // self.bucket_size)
-
     def _scales(self, x, bucket, scratch):
         count = x.shape[0]
         if namespace.is_tensorflow(x):  # the same rows summed by the same tree, block by block
@@ -604,18 +641,14 @@ class QSGDCodec(_StochasticLevels):
             return _sqrt(tf.concat([rows[k] for k in sorted(rows)], 0))
         lib = namespace.backend(x)
         norms = scratch.get("norms", self._buckets(count), "float32", x)
-        for start, stop, first in _blocks(count, bucket, norms.shape[0]):  # whole buckets each
-            squares = scratch.get("squares", stop - start, "float32", x)
-            lib.multiply(x[start:stop], x[start:stop], out=squares)
-            full = (stop - start) // bucket
-            if full:
-                norms[first:first + full] = tree_sum_rows(squares[:full * bucket].reshape(full, bucket))
-            if full * bucket < stop - start:
-                part = tree_sum_rows(squares[full * bucket:].reshape(1, -1))
-                if start and norms.shape[0] == 1:  # one bucket longer than a block: add its blocks' sums in order
-                    norms[first + full:] += part
-                else:
-                    norms[first + full:] = part
+
+        def squares(block):
+            return lib.multiply(block, block, out=scratch.get("squares", block.shape[0], "float32", x))
+
+        def add(total, part):  # one bucket longer than a block: its blocks' sums added in order
+            total += part
+
+        bucket_rows(x, bucket, norms, squares, tree_sum_rows, add)
         norms[...] = _sqrt(norms)
         return norms
 

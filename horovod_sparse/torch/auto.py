@@ -64,7 +64,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
     Args:
         candidates: spec strings: ``"none"``, ``"fp16"`` and out-of-band compressors with error
             feedback (default ``("fp16", "topk:density=0.01", "powersgd:rank=2",
-            "qsgd:levels=127,error_feedback=true")``; Horovod's
+            "qsgd:levels=127,error_feedback=true", "int4")``; Horovod's
             fp32 allreduce is always a choice).
         dense_below: gradients with fewer elements (and non-float ones) stay fp32 dense.
         min_density, min_rank: the quality guard's floors for sparsifier and PowerSGD candidates.

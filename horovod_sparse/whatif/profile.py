@@ -54,7 +54,7 @@ DEFAULT_COMPRESSORS = (
     "dense", "hvd-fp16",
     "topk:density=0.01", "oktopk:density=0.01", "gtopk:density=0.01",
     "gaussiank:density=0.01", "dgc:density=0.01", "randomk:density=0.01", "threshold:value=1.5e-5",
-    "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "fft",
+    "bf16", "qsgd", "int4", "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "powersgd", "fft",
 )
 
 

@@ -137,8 +137,11 @@ def test_the_quality_guard_covers_adam_and_momentum_and_keeps_the_8_bit_quantize
     mixed = torch.optim.SGD([{"params": p}, {"params": [torch.zeros(1, requires_grad=True)], "momentum": 0.5}], lr=0.1)
     assert guarded_optimizer(mixed) == ("SGD", "momentum")   # any group with momentum
     assert [keeps_recipe_quality(s) for s in ("none", "fp16", "qsgd:levels=127,error_feedback=true", "qsgd:levels=127",
-                                              "qsgd:levels=16,error_feedback=true", "topk:density=0.01", "powersgd")] \
-        == [True, True, True, False, False, False, False]
+                                              "qsgd:levels=16,error_feedback=true", "topk:density=0.01", "powersgd",
+                                              "int4")] \
+        == [True, True, True, False, False, False, False, False]  # int4: a candidate, unguarded until measured
+    from horovod_sparse.auto.decide import DEFAULT_CANDIDATES
+    assert "int4" in DEFAULT_CANDIDATES
 
 
 def test_guard_momentum_false_keeps_every_candidate_under_momentum_sgd_only():

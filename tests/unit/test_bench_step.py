@@ -40,7 +40,7 @@ def test_step_defaults(monkeypatch):
     monkeypatch.delenv(step.RATE_ENV, raising=False)
     a = step.parse_args([])
     assert (a.models, a.steps, a.warmup, a.rounds, a.link) == (["mlp5", "mlp30"], 10, 3, 1, "loopback")
-    assert a.compressors[:2] == ["dense", "hvd-fp16"] and len(a.compressors) == 18
+    assert a.compressors[:2] == ["dense", "hvd-fp16"] and len(a.compressors) == 19
     monkeypatch.setenv(step.RATE_ENV, "1gbit")   # what netem.py sets
     assert step.parse_args(["--steps", "8"]).link == "1gbit"
     with pytest.raises(SystemExit):

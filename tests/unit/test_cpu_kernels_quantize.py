@@ -19,6 +19,7 @@ import kernel_inputs
 from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.ops import cpu
 from horovod_sparse.ops.finite import all_finite
+from horovod_sparse.quantize.absmax import Int4Codec
 from horovod_sparse.quantize.codecs import (OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec, TernGradCodec,
                                             _StochasticLevels)
 from horovod_sparse.quantize.scratch import Scratch
@@ -36,7 +37,9 @@ KINDS = ["normal", "ties", "zeros", "denormals", "nonfinite"]
 CODECS = [QSGDCodec(), QSGDCodec(levels=1, bucket_size=7), QSGDCodec(levels=2 ** 15 - 1, bucket_size=3),
           QSGDCodec(levels=40, bucket_size=1000), QSGDCodec(levels=5, bucket_size=1), TernGradCodec(),
           QSGDCodec(levels=127), QSGDCodec(levels=64, bucket_size=3), QSGDCodec(levels=127, bucket_size=2 ** 31 - 1),
-          SignCodec(), ScaledSignCodec(), OneBitCodec()]
+          SignCodec(), ScaledSignCodec(), OneBitCodec(),
+          # int4: the levels' kernels rounding to nearest
+          Int4Codec(), Int4Codec(bits=3, bucket_size=7), Int4Codec(bits=2, bucket_size=1000)]
 
 
 @pytest.fixture(autouse=True)
@@ -216,7 +219,7 @@ def test_terngrad_many_values_on_a_boundary():
 
 
 # ---------------------------------------------------------------- pipeline
-SPECS = ["qsgd", "qsgd:error_feedback=True", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
+SPECS = ["qsgd", "qsgd:error_feedback=True", "int4", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
          "efsignsgd:method=allgather", "onebit:method=allgather", "terngrad:method=allgather"]
 
 

@@ -63,7 +63,7 @@ SPECS = [
     "gtopk:density=0.05", "gaussiank:density=0.05", "threshold:value=1.5",
     "dgc:density=0.05,sample_fraction=0.1",
     "dense", "dense:method=alltoall",
-    "bf16:error_feedback=true", "qsgd:bucket_size=128", "qsgd:bucket_size=128,error_feedback=true,method=allgather",
+    "bf16:error_feedback=true", "qsgd:bucket_size=128", "int4:bits=3,bucket_size=64", "qsgd:bucket_size=128,error_feedback=true,method=allgather",
     "terngrad:error_feedback=true", "signsgd", "signum:momentum=0.5", "efsignsgd", "onebit",
     "powersgd:rank=2", "powersgd:rank=1,warm_start=false",
     "fft:chunk_size=256,bits=16,theta=0.8", "fft:chunk_size=200,bits=16,theta=0.8,exchange=oktopk",

@@ -12,8 +12,8 @@ path's, bit for bit (no fast-math: LLVM neither reassociates nor fuses a multipl
 * :func:`sign_encode`: sign bits packed, and what the code decodes to, and acc minus it;
 * :func:`levels_encode` / :func:`levels_decode`: QSGD's and TernGrad's stochastic levels
   (the counter-based random numbers of :mod:`horovod_sparse.quantize.uniform` computed 2048
-  values at a time into a small scratch, not drawn into an n-long buffer), packed, and the
-  decoded floats, per bucket;
+  values at a time into a small scratch, not drawn into an n-long buffer), or int4's nearest
+  ones, packed, and the decoded floats, per bucket;
 * :func:`one_bit_decode`: a 1-bit code to its two values; :func:`one_bit_sum_of_two`: two
   such codes to the sum of their values (the compressed allreduce at P = 2).
 
@@ -351,6 +351,14 @@ def _levels(xs, codes, inv, levels, first, k1, k2, words):
 
 
 @inlined
+def _nearest_levels(xs, codes, scale, s):
+    """codes[t] = rint(xs[t] / S * s) + s: int4's nearest level, ties to even (step 2 of
+    :class:`horovod_sparse.quantize.absmax.Int4Codec`; rint is IEEE's round to nearest even)."""
+    for t in range(xs.shape[0]):
+        codes[t] = np.rint(xs[t] / scale * s) + s
+
+
+@inlined
 def _decoded_and_residual(xs, codes, step, s, decoded, residual):
     """decoded = (code - s) * step and residual = x - that, where they are wanted (the caller's
     empty arrays slice to empty views)."""
@@ -418,8 +426,9 @@ _CHUNK = 2048  # values per chunk of levels_encode: codes computed, then packed 
 
 @jit
 def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, start, out, decoded, residual,
-                  row, codes):
-    """The stochastic levels of :class:`horovod_sparse.quantize.codecs._StochasticLevels`.
+                  row, codes, nearest=False):
+    """The stochastic levels of :class:`horovod_sparse.quantize.codecs._StochasticLevels`
+    (``nearest``: int4's, :func:`_nearest_levels` instead of :func:`_levels`).
 
     Per bucket of ``bucket`` values, scale S = ``scales[bucket]`` (``norms_here``: QSGD's norm,
     computed here as the bucket is reached and written into ``scales``); inv = s / S, step = S / s;
@@ -449,7 +458,9 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
             scale = scales[b]
             inv, step = s / scale, scale / s
             cs = out[lo:hi]
-            if np.isfinite(inv) and np.isfinite(scale):
+            if np.isfinite(inv) and np.isfinite(scale) and nearest:
+                _nearest_levels(x[lo:hi], cs, scale, s)
+            elif np.isfinite(inv) and np.isfinite(scale):
                 _levels(x[lo:hi], cs, inv, levels, start + lo, k1, k2, words)
             else:
                 cs[:] = levels
@@ -467,7 +478,9 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
             scale = scales[b]
             inv, step = s / scale, scale / s
             cs = codes[i - c0:stop - c0]
-            if np.isfinite(inv) and np.isfinite(scale):
+            if np.isfinite(inv) and np.isfinite(scale) and nearest:
+                _nearest_levels(x[i:stop], cs, scale, s)
+            elif np.isfinite(inv) and np.isfinite(scale):
                 _levels(x[i:stop], cs, inv, levels, start + i, k1, k2, words)
             else:
                 cs[:] = levels

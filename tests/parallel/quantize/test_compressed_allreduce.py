@@ -17,11 +17,12 @@ from quantize_oracles import RANK, SIZE, ExchangeOracle, gather_rows, payload_by
 from horovod_sparse.exchange import ExchangeError
 from horovod_sparse.exchange.compressed import CompressedAllreduce
 from horovod_sparse.exchange.seeds import derive_seed
+from horovod_sparse.quantize.absmax import Int4Codec
 from horovod_sparse.quantize.codecs import (BF16Codec, OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec,
                                             TernGradCodec)
 
 CODECS = [BF16Codec(), QSGDCodec(), QSGDCodec(levels=3, bucket_size=7), TernGradCodec(), SignCodec(),
-          ScaledSignCodec(), OneBitCodec()]
+          ScaledSignCodec(), OneBitCodec(), Int4Codec(bits=3, bucket_size=7)]
 METHODS = ["alltoall", "allgather"]
 HEADER_BYTES = 10 * 8  # the agreement header: 10 int64 to each peer
 

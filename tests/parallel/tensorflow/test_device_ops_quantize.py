@@ -29,7 +29,8 @@ SHAPES = [(64, 40), (300,), (50, 30), (7,)]
 STEPS = 5
 SPECS = ["signsgd", "signsgd:method=allgather", "signum", "efsignsgd", "efsignsgd:method=allgather", "onebit",
          "terngrad", "terngrad:method=allgather,error_feedback=True", "qsgd", "qsgd:levels=3,bucket_size=100",
-         "qsgd:method=allgather", "bf16", "bf16:error_feedback=True", "dense:method=alltoall",
+         "qsgd:method=allgather", "int4", "int4:bits=3,bucket_size=100,method=allgather", "bf16",
+         "bf16:error_feedback=True", "dense:method=alltoall",
          "dense:method=allgather", "dense:method=allreduce"]
 
 

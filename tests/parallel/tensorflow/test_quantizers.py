@@ -17,7 +17,7 @@ from horovod_sparse.layout import GradientLayout
 
 from test_sparsifiers import data, flat_weights, make_model, train_with_tape
 
-SPECS = ["bf16", "qsgd", "qsgd:method=allgather", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
+SPECS = ["bf16", "qsgd", "qsgd:method=allgather", "int4", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
          "powersgd:rank=2", "fft", "fft:exchange=oktopk"]
 OWN_MOMENTUM = ("signum", "signsgd")  # signSGD is plain SGD on signs; Signum has its own momentum
 #: learning rates other than 0.05: the sign methods move every coordinate by lr each step (their

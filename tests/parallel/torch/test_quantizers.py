@@ -18,7 +18,7 @@ from horovod_sparse.layout import GradientLayout
 
 from test_sparsifiers import SHAPES, demo_model_bytes, exchange, flat_parameters, train
 
-SPECS = ["bf16", "qsgd", "qsgd:method=allgather", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
+SPECS = ["bf16", "qsgd", "qsgd:method=allgather", "int4", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
          "powersgd:rank=2", "fft", "fft:exchange=oktopk"]
 #: run with plain SGD: compressors that apply momentum themselves, and signSGD by definition
 OWN_MOMENTUM = ("signum", "signsgd")  # signSGD is plain SGD on signs; Signum has its own momentum

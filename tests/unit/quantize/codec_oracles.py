@@ -128,3 +128,21 @@ def onebit(x):
         neg = F32(neg_sum / F32(max(int(negative.sum()), 1)))
     return (np.concatenate([floats_bytes(pos, neg), packed(negative.astype(np.int64), 1)]),
             np.where(negative, neg, pos).astype(F32))
+
+
+def int4(x, bits, bucket):
+    """(bytes, decoded) of int4's absmax code as documented: S = max |x| of the bucket (NaN if it
+    holds one; 0 below L * 2**-126), level = round(F32(F32(x / S) * L)) with Python's round (ties
+    to even), code level + L; L for every value of a bucket where S is 0 or not finite."""
+    L = 2 ** (bits - 1) - 1
+    scales, codes = [], []
+    with np.errstate(all="ignore"):
+        for start in range(0, x.size, bucket):
+            part = [F32(a) for a in x[start:start + bucket]]
+            scale = F32(math.nan) if any(math.isnan(a) for a in part) else F32(max(abs(float(a)) for a in part))
+            scale = F32(0) if scale < L * 2.0 ** -126 else scale
+            broken = scale == 0 or not math.isfinite(scale)
+            codes += [L if broken else round(float(F32(F32(a / scale) * F32(L)))) + L for a in part]
+            scales.append(scale)
+    decoded = level_values(codes, scales, bucket, L) if codes else np.zeros(0, F32)
+    return np.concatenate([floats_bytes(*scales), packed(codes, bits)]).astype(np.uint8), decoded

@@ -16,6 +16,7 @@ import pytest
 
 import codec_oracles as oracle
 from horovod_sparse.quantize import codecs as codecs_module
+from horovod_sparse.quantize.absmax import Int4Codec
 from horovod_sparse.quantize.bitpack import pack, packed_nbytes, unpack
 from horovod_sparse.quantize.codecs import (BF16Codec, OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec,
                                             TernGradCodec)
@@ -23,7 +24,8 @@ from horovod_sparse.registry import create
 
 ALL_CODECS = [BF16Codec(), QSGDCodec(), QSGDCodec(levels=1, bucket_size=7),
               QSGDCodec(levels=2 ** 15 - 1, bucket_size=3), QSGDCodec(levels=5, bucket_size=1),
-              TernGradCodec(), SignCodec(), ScaledSignCodec(), OneBitCodec()]
+              TernGradCodec(), SignCodec(), ScaledSignCodec(), OneBitCodec(),
+              Int4Codec(), Int4Codec(bits=3, bucket_size=7), Int4Codec(bits=2, bucket_size=1)]
 COUNTS = [0, 1, 7, 8, 9, 513, 1001]
 
 
@@ -88,7 +90,10 @@ def test_nbytes_formulas():
         assert SignCodec().nbytes(count) == math.ceil(count / 8)
         assert ScaledSignCodec().nbytes(count) == 4 + math.ceil(count / 8)
         assert OneBitCodec().nbytes(count) == 8 + math.ceil(count / 8)
+        assert Int4Codec().nbytes(count) == 4 * math.ceil(count / 128) + math.ceil(count / 2)
+        assert Int4Codec(3, 7).nbytes(count) == 4 * math.ceil(count / 7) + math.ceil(count * 3 / 8)
     assert [QSGDCodec(levels).bits for levels in (1, 2, 3, 4, 15, 16, 255, 256)] == [2, 3, 3, 4, 5, 6, 9, 10]
+    assert [(Int4Codec(bits).bits, Int4Codec(bits).levels) for bits in (2, 3, 4)] == [(2, 1), (3, 3), (4, 7)]
 
 
 @pytest.mark.parametrize("codec", ALL_CODECS, ids=repr)
@@ -253,6 +258,20 @@ def test_qsgd_codec_bad_parameters(kwargs, name):
         QSGDCodec(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs,accepted", [(dict(bits=1), r"bits must be an integer in \[2, 4\]"),
+                                             (dict(bits=5), r"bits must be an integer in \[2, 4\]"),
+                                             (dict(bits=4.0), r"bits must be an integer in \[2, 4\]"),
+                                             (dict(bits=True), r"bits must be an integer in \[2, 4\]"),
+                                             (dict(bucket_size=0), r"bucket_size must be an integer in \[1, "),
+                                             (dict(bucket_size=2 ** 31), r"bucket_size must be an integer in \[1, ")])
+def test_int4_bad_parameters(kwargs, accepted):
+    """The codec and the compressor refuse alike, naming the parameter and its range."""
+    with pytest.raises(ValueError, match=accepted):
+        Int4Codec(**kwargs)
+    with pytest.raises(ValueError, match=accepted):
+        create("int4", **kwargs)
+
+
 @pytest.mark.parametrize("spec,params,name", [
     ("qsgd", dict(levels=0), "levels"), ("qsgd", dict(levels=40000), "levels"),
     ("qsgd", dict(bucket_size=0), "bucket_size"), ("qsgd", dict(method="ring"), "method"),
@@ -261,7 +280,8 @@ def test_qsgd_codec_bad_parameters(kwargs, name):
     ("onebit", dict(method="x"), "method"), ("signum", dict(momentum=1.0), "momentum"),
     ("signum", dict(momentum=-0.1), "momentum"), ("signum", dict(method="x"), "method"),
     ("onebit", dict(error_feedback=1), "error_feedback"), ("signsgd", dict(error_feedback=True),
-                                                           "error_feedback")])
+                                                           "error_feedback"),
+    ("int4", dict(method="ring"), "method"), ("int4", dict(error_feedback="yes"), "error_feedback")])
 def test_compressor_bad_parameters(spec, params, name):
     with pytest.raises(ValueError, match=name):
         create(spec, **params)
@@ -272,9 +292,11 @@ def test_compressor_specs_and_defaults():
     assert create("qsgd:levels=4,method=allgather").spec == \
         "qsgd:levels=4,bucket_size=512,method=allgather,error_feedback=False"
     assert create("signum").params == dict(momentum=0.9, method="alltoall")
+    assert create("int4").params == dict(bits=4, bucket_size=128, method="alltoall", error_feedback=True)
+    assert create("int4:bits=3,bucket_size=64").codec().__repr__() == "Int4Codec(bits=3, bucket_size=64)"
     assert create("efsignsgd").error_feedback and create("onebit").error_feedback
     assert not create("bf16").error_feedback and not create("terngrad").error_feedback
-    for name in ("bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit"):
+    for name in ("bf16", "qsgd", "int4", "terngrad", "signsgd", "signum", "efsignsgd", "onebit"):
         assert create(name).out_of_band
 
 
@@ -289,6 +311,9 @@ ORACLES = {
     "SignCodec()": lambda x, seed: oracle.sign(x),
     "ScaledSignCodec()": lambda x, seed: oracle.scaled_sign(x),
     "OneBitCodec()": lambda x, seed: oracle.onebit(x),
+    "Int4Codec(bits=4, bucket_size=128)": lambda x, seed: oracle.int4(x, 4, 128),
+    "Int4Codec(bits=3, bucket_size=7)": lambda x, seed: oracle.int4(x, 3, 7),
+    "Int4Codec(bits=2, bucket_size=1)": lambda x, seed: oracle.int4(x, 2, 1),
 }
 ORACLE_CODECS = [c for c in ALL_CODECS if repr(c) in ORACLES] + [QSGDCodec(levels=100, bucket_size=10)]
 
@@ -302,6 +327,102 @@ def test_codes_match_the_documented_definition(codec, count):
     code = codec.encode(x, seed=12345)
     np.testing.assert_array_equal(code, expected_bytes)
     np.testing.assert_array_equal(codec.decode(code, count).view(np.uint32), expected_values.view(np.uint32))
+
+
+# -------------------------------------------------------------------- int4
+def int4_adversarial(bucket, seed=0):
+    """Buckets that stress the absmax code, each ``bucket`` values (the last one short): level
+    ties x * L / S = k + 1/2 (bucket max 7 or 14, so L / S is exact at 4 bits), zeros of both
+    signs, all-zero buckets, denormals alone and beside a normal max, huge (3e38) and tiny
+    (1e-30) magnitudes, maxima about L * 2**-126 (the smallest scale), a NaN, an inf, a max on its own, random normals; shuffled within each
+    bucket."""
+    rng = np.random.default_rng(seed)
+    ties = np.float32([-6.5, -2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 5.5, 6.5])
+    pieces = [np.concatenate([[7], rng.choice(ties, bucket - 1)]),
+              np.concatenate([[-14], 2 * rng.choice(ties, bucket - 1)]),
+              np.where(rng.random(bucket) < 0.5, -0.0, 0.0), np.zeros(bucket),
+              rng.standard_normal(bucket) * 1e-41, np.concatenate([[1.0], rng.standard_normal(bucket - 1) * 1e-41]),
+              rng.uniform(-3e38, 3e38, bucket), rng.standard_normal(bucket) * 1e-30,
+              rng.uniform(-8e-38, 8e-38, bucket),
+              np.concatenate([[np.nan], rng.standard_normal(bucket - 1)]),
+              np.concatenate([[-np.inf], rng.standard_normal(bucket - 1)]),
+              np.concatenate([[-5.0], np.zeros(bucket - 1)]), rng.standard_normal(bucket // 2 + 1)]
+    for piece in pieces:
+        rng.shuffle(piece)
+    return np.concatenate(pieces).astype(np.float32)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("bucket", [1, 8, 13, 128])
+def test_int4_adversarial_inputs_match_the_oracle(bits, bucket):
+    """Bytes and floats bitwise the oracle's, on numpy arrays and torch tensors (an odd total
+    length: the last bucket short)."""
+    torch = pytest.importorskip("torch")
+    x = int4_adversarial(bucket, seed=bits * 100 + bucket)
+    codec = Int4Codec(bits, bucket)
+    expected_bytes, expected_values = oracle.int4(x, bits, bucket)
+    for like, as_numpy in ((x, np.asarray), (torch.from_numpy(x.copy()), lambda t: t.numpy())):
+        code = codec.encode(like)
+        np.testing.assert_array_equal(as_numpy(code), expected_bytes)
+        values = as_numpy(codec.decode(code, x.size))
+        np.testing.assert_array_equal(values.view(np.uint32), expected_values.view(np.uint32))
+
+
+@pytest.mark.parametrize("bits,bucket", [(2, 8), (3, 13), (4, 128), (3, 2 ** 31 - 1)])
+def test_int4_on_torchs_own_kernels_is_the_oracles(bits, bucket, monkeypatch):
+    """What a CUDA tensor runs (torch's amax, round, divide; a CPU tensor's math runs on its numpy
+    view), here on the CPU: the oracle's bytes and floats, and encode's ``decoded``."""
+    torch = pytest.importorskip("torch")
+    from horovod_sparse.quantize import codec as codec_module
+    monkeypatch.setattr(codec_module, "_kernel", lambda x: x)
+    x = int4_adversarial(min(bucket, 128), seed=bits)
+    codec = Int4Codec(bits, bucket)
+    expected_bytes, expected_values = oracle.int4(x, bits, bucket)
+    decoded = torch.empty(x.size)
+    code = codec.encode(torch.from_numpy(x.copy()), decoded=decoded)
+    np.testing.assert_array_equal(code.numpy(), expected_bytes)
+    np.testing.assert_array_equal(decoded.numpy().view(np.uint32), expected_values.view(np.uint32))
+    values = codec.decode(code, x.size).numpy()
+    np.testing.assert_array_equal(values.view(np.uint32), expected_values.view(np.uint32))
+
+
+@pytest.mark.parametrize("bits,bucket", [(2, 8), (3, 13), (4, 128), (3, 2 ** 31 - 1)])
+def test_int4_on_tensorflow_is_the_oracles(bits, bucket):
+    """TensorFlow's ops (the frontend's on-device step) give the oracle's bytes and floats, also
+    where TensorFlow flushes denormals on the CPU (the smallest scales, huge maxima)."""
+    tf = pytest.importorskip("tensorflow")
+    x = int4_adversarial(min(bucket, 128), seed=bits)
+    codec = Int4Codec(bits, bucket)
+    expected_bytes, expected_values = oracle.int4(x, bits, bucket)
+    code, values = codec.encode_decoded(tf.constant(x))
+    np.testing.assert_array_equal(code.numpy(), expected_bytes)
+    np.testing.assert_array_equal(values.numpy().view(np.uint32), expected_values.view(np.uint32))
+    decoded = codec.decode(tf.constant(expected_bytes), x.size).numpy()
+    np.testing.assert_array_equal(decoded.view(np.uint32), expected_values.view(np.uint32))
+
+
+def test_int4_ties_round_to_even_and_zero_buckets_decode_as_zero():
+    x = np.float32([7, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 6.5, 0, -0.0, 0, 0, 1e-41, -1e-40, 0, 0])
+    codec = Int4Codec(bits=4, bucket_size=8)
+    out = codec.roundtrip(x)  # S = 7: one level per unit, exact
+    np.testing.assert_array_equal(out[:8], [7, 0, 2, 2, 0, -2, -2, 6])
+    np.testing.assert_array_equal(out[8:], 0)  # all zero but denormals, below L * 2**-126
+    np.testing.assert_array_equal(codec.encode(x)[:8].view(np.float32), [7, 0])  # scale 0, not 1e-40
+    assert np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_int4_error_is_at_most_half_a_level(bits):
+    x = data(1001, seed=bits)
+    codec = Int4Codec(bits, 64)
+    levels = 2 ** (bits - 1) - 1
+    code = codec.encode(x)
+    scales = code[:4 * 16].view(np.float32)
+    np.testing.assert_array_equal(scales, [np.max(np.abs(x[i:i + 64])) for i in range(0, 1001, 64)])
+    scale_each = np.repeat(scales.astype(np.float64), 64)[:x.size]
+    out = codec.decode(code, x.size).astype(np.float64)
+    assert np.all(np.abs(out - x) <= scale_each / levels / 2 * (1 + 1e-5))
+    assert np.all((out == 0) | (np.sign(out) == np.sign(x)))
 
 
 def test_random_stream_matches_the_documented_hash():
@@ -357,7 +478,9 @@ def test_torch_codes_are_numpy_codes(codec, count):
     np.testing.assert_array_equal(t_decoded.numpy().view(np.uint32), values.view(np.uint32))
 
 
-@pytest.mark.parametrize("codec", [QSGDCodec(), QSGDCodec(levels=3, bucket_size=7), TernGradCodec()], ids=repr)
+@pytest.mark.parametrize("codec", [QSGDCodec(), QSGDCodec(levels=3, bucket_size=7), TernGradCodec(),
+                                   Int4Codec(bits=3, bucket_size=7), Int4Codec(bucket_size=1000),
+                                   Int4Codec(bits=2, bucket_size=2 ** 31 - 1)], ids=repr)
 def test_blocks_do_not_change_the_code(codec, monkeypatch):
     """Encoding block by block (the cache-sized loop) is the same code as in one piece."""
     x = data(5000, seed=9)
