@@ -46,6 +46,7 @@ from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_process_set, check_caller
 from horovod_sparse.layout import key_order
 from horovod_sparse.nonfinite import raise_with_hint
+from horovod_sparse.ops.namespace import host_shortcut_allowed
 from horovod_sparse.step.bucket import Bucket
 from horovod_sparse.step.profiling import fit_exchange_cost, probe_lengths
 from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum
@@ -275,7 +276,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
         return self.buckets[spec].pipelines.take_out(keys)
 
     def overlaps(self):
-        return next(iter(self._gradients.values())).device.type != "cpu"
+        return not host_shortcut_allowed(next(iter(self._gradients.values())))
 
     def checked_gradients(self):
         out = {}

@@ -14,6 +14,7 @@ import torch
 from horovod_sparse.ops import cpu
 from horovod_sparse.ops.cpu.cast import scatter_dense
 from horovod_sparse.ops.finite import all_finite
+from horovod_sparse.ops.namespace import host_shortcut_allowed
 from horovod_sparse.ops.torch_ops import TorchOps
 
 OPS = TorchOps()
@@ -110,8 +111,8 @@ class StepSum:
             if scale not in self._scaled:
                 self._scaled[scale] = self.values * scale
             values = self._scaled[scale][part]
-            if cpu.enabled() and out.dtype == values.dtype == torch.float32 and out.device.type == "cpu" \
-                    and values.device.type == "cpu":  # zeros and sums in one sequential pass
+            if cpu.enabled() and out.dtype == values.dtype == torch.float32 and host_shortcut_allowed(out) \
+                    and host_shortcut_allowed(values):  # zeros and sums in one sequential pass
                 scatter_dense(flat_out.numpy(), indices.numpy(), values.numpy(), entry.offset)
             else:
                 flat_out.zero_()
@@ -152,7 +153,7 @@ class FiniteCheck:
         self.finite, self._flags = True, []
 
     def add(self, tensor):
-        if tensor.device.type != "cpu" or tensor.dtype == torch.bfloat16:  # (numpy has no bfloat16)
+        if not host_shortcut_allowed(tensor) or tensor.dtype == torch.bfloat16:  # (numpy has no bfloat16)
             self._flags.append(torch.isfinite(tensor).all())
         elif self.finite:  # one non-finite tensor decides it
             self.finite = all_finite(tensor.reshape(-1))
