@@ -14,6 +14,7 @@ import torch
 from horovod_sparse.ops import cpu
 from horovod_sparse.ops.cpu.cast import scatter_dense
 from horovod_sparse.ops.finite import all_finite
+from horovod_sparse.ops.host import to_list
 from horovod_sparse.ops.namespace import host_shortcut_allowed
 from horovod_sparse.ops.torch_ops import TorchOps
 
@@ -92,7 +93,7 @@ class StepSum:
             # Where each gradient's pairs start and end: one binary search per gradient. The
             # indices stay the fused buffer's; write() places them at its gradient's offset.
             starts = torch.tensor(layout.starts, dtype=indices.dtype, device=indices.device)
-            bounds = torch.searchsorted(indices, starts).tolist()
+            bounds = to_list(torch.searchsorted(indices, starts))
             self.parts = {e.key: (indices[bounds[i]:bounds[i + 1]], slice(bounds[i], bounds[i + 1]))
                           for i, e in enumerate(layout.entries)}
             self._scaled = {1.0: self.values}  # scale -> values * scale: once per step, not per gradient
