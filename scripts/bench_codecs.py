@@ -27,7 +27,7 @@ sum written back into the gradient), without Horovod's hooks, so Horovod need no
 CUDA; the in-band compressors and Horovod's own go through the frontend only where Horovod is
 importable. Each call ends with ``torch.cuda.synchronize()``; the copy bound is a device copy.
 
-``--count`` (at least 2 ranks: ``mpirun -np 2``) counts instead of timing (issue 49): per
+``--count`` (at least 2 ranks: ``mpirun -np 2``) counts instead of timing (docs/cuda.md, "Counted on the CPU"): per
 out-of-band compressor, one steady training step through the stock ``hvd.DistributedOptimizer``
 under the device path (``HOROVOD_SPARSE_KERNELS=torch``: CPU tensors run the ops a CUDA tensor
 runs), at ``--count-tensors`` gradients of 32 x 32 floats each: the aten ops, host

@@ -1,4 +1,4 @@
-"""One training step's device work, counted (issue 49): aten ops, host synchronisations and
+"""One training step's device work, counted: aten ops, host synchronisations and
 host transfers of an out-of-band compressor's ``compress`` + exchange + ``decompress``, through
 the stock ``hvd.DistributedOptimizer`` at whatever world size (at least 2) was launched.
 

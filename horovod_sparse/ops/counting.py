@@ -5,7 +5,8 @@ read (a scalar, or an output whose shape depends on the data) stalls the host un
 device has caught up, and every crossing to the host is a copy. :class:`DeviceCounts`
 counts all three while it is active, on any device: under the device path
 (``HOROVOD_SPARSE_KERNELS=torch``) a CPU tensor runs the ops a CUDA tensor runs, so the CPU
-counts are the GPU's (issue 49's budgets: ``tests/unit/test_device_counts.py``).
+counts are the GPU's (the budgets: docs/cuda.md, "Counted on the CPU";
+``tests/parallel/torch/test_device_counts.py``).
 
 Ops are counted by a ``TorchDispatchMode`` (per thread, as torch's modes are: what a channel
 thread runs is not seen). ``.tolist()``, ``.numpy()`` and ``.cpu()`` on a CPU tensor never reach

@@ -1,4 +1,4 @@
-"""What one training step costs a GPU, counted on the CPU (issue 49), held to today's values.
+"""What one training step costs a GPU, counted on the CPU, held to today's values.
 
 Per out-of-band compressor, one steady step through the stock ``hvd.DistributedOptimizer`` at
 P = 2 under the device path (CPU tensors run the ops a CUDA tensor runs), at 30 and 120
@@ -8,7 +8,7 @@ counts of ``compress`` + exchange + ``decompress`` on this rank may not exceed t
 ``.item()`` in a hot path, or a new op per gradient, fails here. Lower them as the hot paths
 are fixed.
 
-Issue 49's targets, whatever the number of gradients: at most 3 host synchronisations per step,
+The targets (docs/cuda.md), whatever the number of gradients: at most 3 host synchronisations per step,
 at most 4 aten ops per additional gradient, at most one host transfer each way. Today every
 compressor reads one scalar per gradient in ``decompress`` (the probe's ``.item()``: 1 sync per
 gradient) and runs 9-78 ops per gradient; the transfer target is met by the dense sum and the
@@ -19,7 +19,7 @@ import pytest
 
 from horovod_sparse.bench.counts import count_step
 
-pytestmark = pytest.mark.world_sizes(2)  # what is counted is one rank's step; P = 2 as the issue asks
+pytestmark = pytest.mark.world_sizes(2)  # what is counted is one rank's step; P = 2 as the targets say
 
 FEW, MANY = 30, 120
 #: spec -> measured (ops, syncs, transfers out, transfers in) at FEW and at MANY gradients
@@ -44,7 +44,7 @@ MEASURED = {
 }
 OPS_ROOM = 1.02  # a torch upgrade may split or fuse an op or two; a new op per gradient is +30 / +120
 SYNC_ROOM = 1    # a read-back that depends on the data (a rescan); a new one per gradient is +30 / +120
-#: issue 49's targets
+#: the targets (docs/cuda.md)
 TARGET_SYNCS, TARGET_OPS_PER_TENSOR, TARGET_TRANSFERS = 3, 4, 1
 #: the compressors that meet the transfer target today (none meets the other two yet)
 MEETS_TRANSFERS = ("dense", "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit")
