@@ -268,11 +268,11 @@ def count_table(counts, few, many):
     """The markdown table of :func:`count_all`'s counts: at ``few`` and ``many`` gradients, and the
     growth per additional one."""
     from horovod_sparse.bench.counts import growth
-    lines = [f"| compressor | aten ops {few} / {many} | per tensor | host syncs {few} / {many} | per tensor "
-             "| transfers out (bytes) | transfers in (bytes) |", "|---|---:|---:|---:|---:|---|---|"]
+    lines = [f"| compressor | aten ops {few} / {many} | per tensor | not views, per tensor | host syncs {few} / {many} "
+             "| per tensor | transfers out (bytes) | transfers in (bytes) |", "|---|---:|---:|---:|---:|---:|---|---|"]
     for spec, (low, high) in counts.items():
         more = growth(low, high, few, many)
-        lines.append(f"| {spec} | {low['ops']} / {high['ops']} | {more['ops']:.1f} | {low['syncs']} / "
+        lines.append(f"| {spec} | {low['ops']} / {high['ops']} | {more['ops']:.1f} | {more['not_views']:.1f} | {low['syncs']} / "
                      f"{high['syncs']} | {more['syncs']:.2f} | {low['transfers_out']} ({low['bytes_out']}) / "
                      f"{high['transfers_out']} ({high['bytes_out']}) | {low['transfers_in']} ({low['bytes_in']}) / "
                      f"{high['transfers_in']} ({high['bytes_in']}) |")

@@ -19,7 +19,7 @@ Example::
     counts = DeviceCounts()
     with counts:                 # may be entered again: the counts add up
         pipe.step(grad)
-    counts.summary()             # {"ops": 412, "syncs": 9, "transfers_out": 1, ...}
+    counts.summary()             # {"ops": 412, "not_views": 230, "syncs": 9, "transfers_out": 1, ...}
 """
 import collections
 
@@ -52,13 +52,15 @@ def _masked(args):
 
 
 class _Mode(TorchDispatchMode):
-    def __init__(self, ops, syncs):
+    def __init__(self, ops, views, syncs):
         super().__init__()
-        self.ops, self.syncs = ops, syncs
+        self.ops, self.views, self.syncs = ops, views, syncs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         self.ops[name] += 1
+        if func.is_view:  # detach, view, slice...: a new header on the same memory, no kernel
+            self.views[name] += 1
         if name in SYNC_OPS or (name in MASK_INDEXED_OPS and _masked(args)):
             self.syncs[name] += 1
         return func(*args, **(kwargs or {}))
@@ -66,16 +68,17 @@ class _Mode(TorchDispatchMode):
 
 class DeviceCounts:
     """Counts of the blocks run inside ``with counts:`` (re-entered blocks add up):
-    ``ops`` (aten op name -> dispatches), ``sync_ops`` (those that synchronised) and the host
-    traffic's counters (:meth:`~horovod_sparse.ops.host.HostTraffic.snapshot`); :meth:`summary`
-    gives the totals."""
+    ``ops`` (aten op name -> dispatches), ``views`` and ``sync_ops`` (those of them that are
+    views, that synchronised) and the host traffic's counters
+    (:meth:`~horovod_sparse.ops.host.HostTraffic.snapshot`); :meth:`summary` gives the totals."""
 
     def __init__(self):
-        self.ops, self.sync_ops, self.host = collections.Counter(), collections.Counter(), collections.Counter()
+        self.ops, self.views, self.sync_ops = collections.Counter(), collections.Counter(), collections.Counter()
+        self.host = collections.Counter()
         self._stack = []
 
     def __enter__(self):
-        mode = _Mode(self.ops, self.sync_ops)
+        mode = _Mode(self.ops, self.views, self.sync_ops)
         self._stack.append((mode, HOST_TRAFFIC.snapshot()))
         mode.__enter__()
         return self
@@ -93,6 +96,8 @@ class DeviceCounts:
         return sum(self.sync_ops.values()) + self.host["reads"]
 
     def summary(self):
-        """``{"ops", "syncs", "transfers_out", "bytes_out", "transfers_in", "bytes_in"}``."""
-        return {"ops": sum(self.ops.values()), "syncs": self.syncs(),
+        """``{"ops", "not_views", "syncs", "transfers_out", "bytes_out", "transfers_in", "bytes_in"}``
+        (``not_views``: the ops that are not views, the ones that can launch a kernel)."""
+        ops = sum(self.ops.values())
+        return {"ops": ops, "not_views": ops - sum(self.views.values()), "syncs": self.syncs(),
                 **{key: self.host[key] for key in ("transfers_out", "bytes_out", "transfers_in", "bytes_in")}}

@@ -49,7 +49,7 @@ from horovod_sparse.nonfinite import raise_with_hint
 from horovod_sparse.ops.namespace import host_shortcut_allowed
 from horovod_sparse.step.bucket import Bucket
 from horovod_sparse.step.profiling import fit_exchange_cost, probe_lengths
-from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum
+from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum, probe_scale
 
 #: largest exchange (elements) timed to fit a cost; larger ones follow the line
 PROBE_ELEMENTS = 1 << 22
@@ -180,7 +180,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
             if self._dense_sums is not None and out.is_floating_point():
                 self._dense_sums.add(out)
         else:
-            out = self._sums[choice].write(info, float(tensor.item()) / self._comm.Get_size())
+            out = self._sums[choice].write(info, probe_scale(tensor, self._comm.Get_size()))
         self._decompressed += 1
         if self._decompressed == self._position:  # the step's last: every sum of Horovod's is in
             self._settle_step()

@@ -60,7 +60,7 @@ from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.out_of_band import OutOfBandCompressorBase
 from horovod_sparse.schedule.planner import SCHEDULES
 from horovod_sparse.step.exchanges import StepExchanges
-from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum
+from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum, probe_scale
 
 
 class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
@@ -209,7 +209,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
                     raise_with_hint(error)
                 self._results = NonFiniteSum(self._recorded, self._frozen)
             self.pipelines = self.exchanges.pipelines
-        return self._results.write(info, self.scale(tensor.item()))
+        return self._results.write(info, probe_scale(tensor, self.world_size))
 
     @property
     def schedule_report(self):

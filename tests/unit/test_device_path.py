@@ -76,3 +76,27 @@ def test_a_step_under_the_device_path_runs_torch_ops(spec):
                 getattr(pipe, "step_sparse", pipe.step)(grad, tag=layout.tag)
             ops[path.__name__] = counts.ops
     assert ops["device_path"]["abs"] >= 1 and ops["numpy_only"]["abs"] == 0
+
+
+@pytest.mark.parametrize("memory", ["error_feedback", "momentum_correction"])
+def test_pieces_fused_on_the_device_path_give_the_host_paths_bits(memory):
+    """On the device path a step's pieces are fused by one cat, then whole-buffer passes; the
+    host path visits them one by one. float64 pieces round, float16 and bfloat16 widen, alike;
+    the committed state (what was sent cleared) is the same too."""
+    from horovod_sparse.memory import ErrorFeedback, MomentumCorrection
+    rng = np.random.default_rng(3)
+    dtypes = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float32)
+    pieces = [torch.from_numpy(rng.standard_normal(size) * 3).to(dtype) for size, dtype in zip((7, 5, 4, 9, 3), dtypes)]
+    n = sum(p.numel() for p in pieces)
+    make = (lambda: ErrorFeedback(n)) if memory == "error_feedback" else (lambda: MomentumCorrection(n, 0.9))
+    state = {name: rng.standard_normal(n).astype(np.float32) for name in make().state_names}
+    results = {}
+    for path in (cpu.numpy_only, cpu.device_path):
+        with path():
+            mem = make()
+            mem.load_state_dict(state)
+            acc = mem.accumulate_pieces(pieces)
+            acc_bytes = acc.numpy().tobytes()
+            mem.commit_cleared(acc, torch.tensor([0, 3, n - 1]))
+            results[path.__name__] = acc_bytes, {k: v.tobytes() for k, v in mem.state_dict().items()}
+    assert results["numpy_only"] == results["device_path"]

@@ -9,11 +9,13 @@ counts of ``compress`` + exchange + ``decompress`` on this rank may not exceed t
 are fixed.
 
 The targets (docs/cuda.md), whatever the number of gradients: at most 3 host synchronisations per step,
-at most 4 aten ops per additional gradient, at most one host transfer each way. Today every
-compressor reads one scalar per gradient in ``decompress`` (the probe's ``.item()``: 1 sync per
-gradient) and runs 9-78 ops per gradient; the transfer target is met by the dense sum and the
-quantizers (``MEETS_TRANSFERS``), not by the sparsifiers (indices and values: 2 each way),
-PowerSGD (P and Q: 2 out, 4 in) or FFT.
+at most 4 aten ops per additional gradient, at most one host transfer each way. Today no
+compressor's syncs grow with the gradients; the dense sum, the quantizers and PowerSGD meet the
+sync target (``MEETS_SYNCS``), the sparsifiers (4-13) and FFT (8) do not. No compressor meets the
+ops target counted with views (8-75 per gradient); counting only the ops that are not views
+(a view launches nothing) the dense sum, most quantizers and FFT do (``MEETS_OPS_NOT_VIEWS``). The
+transfer target is met by the dense sum and the quantizers (``MEETS_TRANSFERS``), not by the
+sparsifiers (indices and values: 2 each way), PowerSGD (P and Q: 2 out, 4 in) or FFT.
 """
 import pytest
 
@@ -23,31 +25,35 @@ pytestmark = pytest.mark.world_sizes(2)  # what is counted is one rank's step; P
 
 FEW, MANY = 30, 120
 #: spec -> measured (ops, syncs, transfers out, transfers in) at FEW and at MANY gradients
-#: (2026-12-05, torch 2.13 CPU); ceilings with OPS_ROOM and SYNC_ROOM on top
+#: (2026-12-05, torch 2.13 CPU, after the probe's scale stayed on the device and the pieces were
+#: fused by one cat); ceilings with OPS_ROOM and SYNC_ROOM on top
 MEASURED = {
-    "topk:density=0.01": ((498, 41, 2, 2), (1848, 131, 2, 2)),
-    "oktopk:density=0.01": ((506, 43, 2, 2), (1856, 133, 2, 2)),
-    "gtopk:density=0.01": ((503, 42, 2, 2), (1853, 132, 2, 2)),
-    "gaussiank:density=0.01": ((479, 34, 3, 2), (1829, 124, 3, 2)),
-    "dgc:density=0.01": ((630, 35, 2, 2), (2430, 125, 2, 2)),
-    "threshold:value=2.6": ((475, 34, 2, 2), (1825, 124, 2, 2)),
-    "dense": ((275, 30, 1, 1), (1085, 120, 1, 1)),
-    "bf16": ((371, 33, 1, 1), (1271, 123, 1, 1)),
-    "qsgd": ((773, 33, 1, 1), (1673, 123, 1, 1)),
-    "terngrad": ((611, 33, 1, 1), (1511, 123, 1, 1)),
-    "signsgd": ((401, 31, 1, 1), (1301, 121, 1, 1)),
-    "signum": ((461, 31, 1, 1), (1541, 121, 1, 1)),
-    "efsignsgd": ((660, 31, 1, 1), (1670, 121, 1, 1)),
-    "onebit": ((668, 33, 1, 1), (1678, 123, 1, 1)),
-    "powersgd": ((2361, 31, 2, 4), (9381, 121, 2, 4)),
-    "fft": ((428, 38, 2, 3), (1418, 128, 2, 3)),
+    "topk:density=0.01": ((439, 11, 2, 2), (1609, 11, 2, 2)),
+    "oktopk:density=0.01": ((447, 13, 2, 2), (1617, 13, 2, 2)),
+    "gtopk:density=0.01": ((444, 12, 2, 2), (1614, 12, 2, 2)),
+    "gaussiank:density=0.01": ((420, 4, 3, 2), (1590, 4, 3, 2)),
+    "dgc:density=0.01": ((423, 5, 2, 2), (1593, 5, 2, 2)),
+    "threshold:value=2.6": ((416, 4, 2, 2), (1586, 4, 2, 2)),
+    "dense": ((275, 0, 1, 1), (1085, 0, 1, 1)),
+    "bf16": ((312, 3, 1, 1), (1032, 3, 1, 1)),
+    "qsgd": ((714, 3, 1, 1), (1434, 3, 1, 1)),
+    "terngrad": ((552, 3, 1, 1), (1272, 3, 1, 1)),
+    "signsgd": ((342, 1, 1, 1), (1062, 1, 1, 1)),
+    "signum": ((461, 1, 1, 1), (1541, 1, 1, 1)),
+    "efsignsgd": ((572, 1, 1, 1), (1312, 1, 1, 1)),
+    "onebit": ((580, 3, 1, 1), (1320, 3, 1, 1)),
+    "powersgd": ((2273, 1, 2, 4), (9023, 1, 2, 4)),
+    "fft": ((340, 8, 2, 3), (1060, 8, 2, 3)),
 }
 OPS_ROOM = 1.02  # a torch upgrade may split or fuse an op or two; a new op per gradient is +30 / +120
 SYNC_ROOM = 1    # a read-back that depends on the data (a rescan); a new one per gradient is +30 / +120
 #: the targets (docs/cuda.md)
 TARGET_SYNCS, TARGET_OPS_PER_TENSOR, TARGET_TRANSFERS = 3, 4, 1
-#: the compressors that meet the transfer target today (none meets the other two yet)
-MEETS_TRANSFERS = ("dense", "bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit")
+#: the compressors that meet each target today, held to it
+QUANTIZERS = ("bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit")
+MEETS_SYNCS = ("dense", *QUANTIZERS, "powersgd")
+MEETS_OPS_NOT_VIEWS = ("dense", "bf16", "qsgd", "terngrad", "signsgd", "efsignsgd", "onebit", "fft")
+MEETS_TRANSFERS = ("dense", *QUANTIZERS)
 
 
 @pytest.fixture(autouse=True)
@@ -72,6 +78,11 @@ def test_one_steps_counts_stay_within_todays(spec):
         assert counts["syncs"] <= syncs + SYNC_ROOM, what
         assert counts["transfers_out"] <= out and counts["transfers_in"] <= into, what
         assert counts["ops"] > tensors, f"{what}: the device path ran no torch ops"
-    if spec in MEETS_TRANSFERS:
-        for counts in got.values():
-            assert max(counts["transfers_out"], counts["transfers_in"]) <= TARGET_TRANSFERS, spec
+    for counts in got.values():
+        if spec in MEETS_SYNCS:
+            assert counts["syncs"] <= TARGET_SYNCS, (spec, counts)
+        if spec in MEETS_TRANSFERS:
+            assert max(counts["transfers_out"], counts["transfers_in"]) <= TARGET_TRANSFERS, (spec, counts)
+    if spec in MEETS_OPS_NOT_VIEWS:
+        per_tensor = (got[MANY]["not_views"] - got[FEW]["not_views"]) / (MANY - FEW)
+        assert per_tensor <= TARGET_OPS_PER_TENSOR, (spec, per_tensor)
