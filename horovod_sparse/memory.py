@@ -45,7 +45,7 @@ import sys
 import numpy as np
 
 from horovod_sparse.ops.kernels import copy_into, zero_at
-from horovod_sparse.ops.namespace import backend, empty, is_tensorflow, is_torch, library_of
+from horovod_sparse.ops.namespace import backend, empty, host_shortcut_allowed, is_tensorflow, is_torch, library_of
 
 VALUE_DTYPE = np.dtype(np.float32)
 
@@ -159,6 +159,9 @@ class ErrorFeedback(Memory):
             return tf.concat([_float32(piece) + self.residual[part] if self.enabled else _float32(piece)
                               for piece, part in _slices(pieces)], axis=0)
         acc = self._spare_of("residual")
+        if _fuses_pieces(acc):
+            sys.modules["torch"].cat(pieces, out=acc)
+            return acc.add_(self.residual) if self.enabled else acc
         lib = backend(acc)
         for piece, part in _slices(pieces):
             if self.enabled:
@@ -225,6 +228,10 @@ class MomentumCorrection(Memory):
         u = self._spare_of("velocity")
         acc = self._spare_of("residual")
         lib = backend(acc)
+        if _fuses_pieces(acc):  # the gradient fused into acc, then acc's two passes
+            sys.modules["torch"].cat(pieces, out=acc)
+            _momentum_step(lib, self.velocity, self.momentum, acc, out=u)
+            return lib.add(self.residual, u, out=acc)
         for piece, part in _slices(pieces):
             _momentum_step(lib, self.velocity[part], self.momentum, _float32(piece), out=u[part])
             lib.add(self.residual[part], u[part], out=acc[part])
@@ -281,6 +288,15 @@ def _momentum_step(lib, u, momentum, grad, out):
     lib.multiply(u, np.float32(momentum), out=out)
     lib.add(out, grad, out=out)
     return out
+
+
+def _fuses_pieces(acc):
+    """Whether a step's pieces are fused first (one ``torch.cat``, then whole-buffer passes)
+    rather than visited one by one: torch tensors off the host's path, where each op is a
+    kernel launch (a gradient's add is one; the extra pass over the buffer is cheap there).
+    The same float32 operations: ``cat`` into float32 rounds a float64 piece as
+    :func:`_float32` does and widens float16 / bfloat16 exactly."""
+    return is_torch(acc) and not host_shortcut_allowed(acc)
 
 
 def _slices(pieces):

@@ -106,11 +106,6 @@ class OutOfBandCompressorBase:
         self.pipelines[key] = (layout, pipeline)
         return pipeline
 
-    def scale(self, reduced_probe):
-        """The factor turning a sparsifier's sum into Horovod's result: 1/P (Average) or 1 (Sum),
-        P being the size of ``comm`` (the ranks of the caller's process set)."""
-        return float(reduced_probe) / self.world_size
-
     # -- checkpointing ----------------------------------------------------------------
     def state_dict(self):
         """``{key: sparsifier state}`` (numpy arrays and ints); each rank saves its own."""

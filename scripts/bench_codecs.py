@@ -27,7 +27,15 @@ sum written back into the gradient), without Horovod's hooks, so Horovod need no
 CUDA; the in-band compressors and Horovod's own go through the frontend only where Horovod is
 importable. Each call ends with ``torch.cuda.synchronize()``; the copy bound is a device copy.
 
+``--count`` (at least 2 ranks: ``mpirun -np 2``) counts instead of timing (docs/cuda.md, "Counted on the CPU"): per
+out-of-band compressor, one steady training step through the stock ``hvd.DistributedOptimizer``
+under the device path (``HOROVOD_SPARSE_KERNELS=torch``: CPU tensors run the ops a CUDA tensor
+runs), at ``--count-tensors`` gradients of 32 x 32 floats each: the aten ops, host
+synchronisations and host transfers of ``compress`` + exchange + ``decompress`` on rank 0, and
+their growth per additional gradient (:mod:`horovod_sparse.bench.counts`).
+
     .venv/bin/python scripts/bench_codecs.py --json results/codecs.json
+    mpirun -np 2 .venv/bin/python scripts/bench_codecs.py --count
     .venv/bin/python scripts/bench_codecs.py --frameworks torch tensorflow --update-md docs/results/benchmarks.md
     python3 scripts/bench_codecs.py --device cuda --json $OUT/codecs-cuda.json      # scripts/cuda_check.sh
 """
@@ -71,6 +79,10 @@ def parse_args():
     p.add_argument("--out", help="append one JSON line per measurement")
     p.add_argument("--json", help="write every measurement, and the run's settings, as one JSON file")
     p.add_argument("--update-md", help="replace the throughput section of this markdown file")
+    p.add_argument("--count", action="store_true",
+                   help="count ops, host syncs and transfers of one step instead of timing (mpirun -np 2)")
+    p.add_argument("--count-tensors", type=int, nargs=2, default=[30, 120], metavar=("FEW", "MANY"),
+                   help="the two gradient counts of --count (32 x 32 floats each)")
     return p.parse_args()
 
 
@@ -252,6 +264,33 @@ def record(spec, framework, times, n_bytes, args):
     return rec
 
 
+def count_table(counts, few, many):
+    """The markdown table of :func:`count_all`'s counts: at ``few`` and ``many`` gradients, and the
+    growth per additional one."""
+    from horovod_sparse.bench.counts import growth
+    lines = [f"| compressor | aten ops {few} / {many} | per tensor | not views, per tensor | host syncs {few} / {many} "
+             "| per tensor | transfers out (bytes) | transfers in (bytes) |", "|---|---:|---:|---:|---:|---:|---|---|"]
+    for spec, (low, high) in counts.items():
+        more = growth(low, high, few, many)
+        lines.append(f"| {spec} | {low['ops']} / {high['ops']} | {more['ops']:.1f} | {more['not_views']:.1f} | {low['syncs']} / "
+                     f"{high['syncs']} | {more['syncs']:.2f} | {low['transfers_out']} ({low['bytes_out']}) / "
+                     f"{high['transfers_out']} ({high['bytes_out']}) | {low['transfers_in']} ({low['bytes_in']}) / "
+                     f"{high['transfers_in']} ({high['bytes_in']}) |")
+    return "\n".join(lines) + "\n"
+
+
+def count_all(args):
+    """``--count``: {spec: (counts at few, counts at many)} for the out-of-band specs, rank 0's."""
+    from horovod_sparse.bench.counts import count_step
+    few, many = args.count_tensors
+    counts = {}
+    for spec in args.specs:
+        if spec in HOROVOD or not fused_params(spec):  # in-band: Horovod's allreduce carries them
+            continue
+        counts[spec] = (count_step(spec, few), count_step(spec, many))
+    return counts
+
+
 def main():
     args = parse_args()
     from mpi4py import MPI  # noqa: F401  (initialises MPI before the frameworks' Horovod)
@@ -265,6 +304,15 @@ def main():
             raise
         print(f"Horovod is not importable ({error}): the in-band compressors are skipped", flush=True)
         hvd_torch = None
+    if args.count:
+        counts = count_all(args)
+        if hvd_torch.rank() == 0:
+            print(count_table(counts, *args.count_tensors), flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(dict(settings=dict(tensors=args.count_tensors, size=hvd_torch.size(),
+                                                 host=platform.node()), counts=counts), f, indent=1)
+        return
     if args.device == "cuda":
         args.frameworks = ["torch"]
     gradient = np.random.default_rng(0).standard_normal((args.rows, args.cols)).astype(np.float32)

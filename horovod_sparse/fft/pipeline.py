@@ -324,7 +324,7 @@ class _Workspace:
             return
         self.spectrum = namespace.empty(spectrum.size, "float32", like)
         work = views.kernel_view(self.spectrum, numpy_on_cpu)
-        on_cpu = not namespace.is_torch(work) or work.device.type == "cpu"
+        on_cpu = namespace.host_shortcut_allowed(work)
         count = spectrum.n_coefficients
         self.energy_block = 1 << 16 if on_cpu else max(count, 1)
         self.keys = namespace.empty(count, "float32", work)

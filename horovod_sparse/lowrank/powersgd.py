@@ -149,7 +149,7 @@ class _Workspace:
             return
         self.send = namespace.empty(p + dense, "float32", like)
         self.q_send = namespace.empty(q, "float32", like)
-        on_cpu = not namespace.is_torch(like) or like.device.type == "cpu"
+        on_cpu = namespace.host_shortcut_allowed(like)
         self.chunk = _CPU_CHUNK if on_cpu else max([b.rows * b.cols for b in plan.matrices] or [1])
         size = scratch_elements(plan.matrices, self.chunk)
         self.scratch = (namespace.empty(size, "float32", like), namespace.empty(size, "float32", like))

@@ -1,9 +1,12 @@
 """Crossing to the host and back, counted: what leaves the framework for mpi4py.
 
 What crosses ranks leaves the framework through :func:`to_host` and comes back through
-:func:`from_host`; both count the bytes of torch tensors that cross
+:func:`from_host`; both count the crossings and bytes of torch tensors
 (:data:`HOST_TRAFFIC`), so a test can prove that only the exchanged payload leaves the
-device, never the gradient.
+device, never the gradient. A few values the host needs to go on (where a gradient's pairs
+start) are read back by :func:`to_list`, counted as reads: on a CPU tensor ``.tolist()``
+and ``.numpy()`` never reach torch's dispatcher, so only these counters see them
+(:mod:`horovod_sparse.ops.counting`).
 
 Example::
 
@@ -19,14 +22,15 @@ from horovod_sparse.ops.namespace import is_tensorflow, is_torch
 
 
 class HostTraffic:
-    """Bytes of torch tensors copied (or viewed) off the framework by :func:`to_host`,
-    and back by :func:`from_host`."""
+    """Crossings and bytes of torch tensors copied (or viewed) off the framework by
+    :func:`to_host`, and back by :func:`from_host`; values read back by :func:`to_list`."""
 
     def __init__(self):
         self.reset()
 
     def reset(self):
         self.bytes_out, self.bytes_in, self.largest = 0, 0, 0
+        self.transfers_out, self.transfers_in, self.reads = 0, 0, 0
 
     @property
     def bytes(self):
@@ -35,9 +39,16 @@ class HostTraffic:
     def count(self, nbytes, outbound):
         if outbound:
             self.bytes_out += nbytes
+            self.transfers_out += 1
         else:
             self.bytes_in += nbytes
+            self.transfers_in += 1
         self.largest = max(self.largest, nbytes)
+
+    def snapshot(self):
+        """The counters now, as a dict (a step's are the difference of two)."""
+        return {"transfers_out": self.transfers_out, "bytes_out": self.bytes_out,
+                "transfers_in": self.transfers_in, "bytes_in": self.bytes_in, "reads": self.reads}
 
 
 #: what left and re-entered torch through :func:`to_host` / :func:`from_host`
@@ -56,6 +67,13 @@ def to_host(x):
     x = x.detach()
     HOST_TRAFFIC.count(x.numel() * x.element_size(), outbound=True)
     return x.contiguous().cpu().numpy()
+
+
+def to_list(x):
+    """A torch tensor's values as Python numbers: a read-back the host waits for (a
+    synchronisation on a GPU), counted in :data:`HOST_TRAFFIC` ``.reads``."""
+    HOST_TRAFFIC.reads += 1
+    return x.tolist()
 
 
 def from_host(a, like):

@@ -16,6 +16,7 @@ import numpy as np
 from horovod_sparse.ops import cpu, kernels
 from horovod_sparse.ops.cpu.cast import gather_at
 from horovod_sparse.ops.cpu.sparsify import sorted_membership
+from horovod_sparse.ops.host import to_list
 from horovod_sparse.ops.namespace import backend, is_tensorflow, is_torch
 from horovod_sparse.ops.views import as_like, numpy_view
 
@@ -91,6 +92,6 @@ def searchsorted(sorted_x, values):
         return [int(i) for i in tf.searchsorted(sorted_x, tf.constant(values, sorted_x.dtype)).numpy()]
     if view is None:
         torch = sys.modules["torch"]
-        return torch.searchsorted(sorted_x, torch.tensor(values, dtype=sorted_x.dtype,
-                                                         device=sorted_x.device)).tolist()
+        return to_list(torch.searchsorted(sorted_x, torch.tensor(values, dtype=sorted_x.dtype,
+                                                                 device=sorted_x.device)))
     return np.searchsorted(view, np.asarray(values, dtype=view.dtype)).tolist()

@@ -13,6 +13,7 @@ import torch
 
 from horovod_sparse.ops import cpu
 from horovod_sparse.ops.base import ArrayOps, random_indices
+from horovod_sparse.ops.namespace import host_shortcut_allowed
 
 #: dtypes random-k's fused CPU kernels run on (:mod:`horovod_sparse.ops.cpu.cast`)
 _KERNEL_DTYPES = (torch.float32, torch.float64)
@@ -77,9 +78,9 @@ class TorchOps(ArrayOps):
     @staticmethod
     def _fuses(flat, indices):
         """Whether random-k's compiled CPU kernels take these buffers (else torch's ops)."""
-        return (cpu.enabled() and flat.device.type == "cpu" and flat.dtype in _KERNEL_DTYPES
+        return (cpu.enabled() and host_shortcut_allowed(flat) and flat.dtype in _KERNEL_DTYPES
                 and flat.is_contiguous() and not flat.requires_grad and not _compiling()
-                and indices.device.type == "cpu" and indices.dtype == torch.int64)
+                and host_shortcut_allowed(indices) and indices.dtype == torch.int64)
 
     @staticmethod
     def _take_spare(slot):
@@ -103,7 +104,7 @@ class TorchOps(ArrayOps):
     def all_finite(self, t):
         # on a GPU a 0-d bool tensor: compress runs in Horovod's backward hooks, where a
         # synchronisation would hold back the backward pass (decompress's commit reads it)
-        if t.device.type != "cpu" or t.dtype == torch.bfloat16:  # numpy has no bfloat16 view
+        if not host_shortcut_allowed(t) or t.dtype == torch.bfloat16:  # numpy has no bfloat16 view
             return torch.isfinite(t).all()
         return super().all_finite(t)
 

@@ -14,19 +14,18 @@ import sys
 
 import numpy as np
 
-from horovod_sparse.ops.namespace import dtype_of, is_tensorflow, is_torch, itemsize
+from horovod_sparse.ops.namespace import dtype_of, host_shortcut_allowed, is_torch, itemsize
 
 _SIGNED_OF_SIZE = {2: "int16", 4: "int32", 8: "int64"}
 
 
 def numpy_view(x):
     """A zero-copy numpy view of a numpy array or a CPU tensor (strides kept); None on other
-    devices, and for TensorFlow tensors (they reach the pipelines only to run TensorFlow's ops)."""
-    if is_tensorflow(x):
+    devices, on the device path (:func:`~horovod_sparse.ops.namespace.host_shortcut_allowed`),
+    and for TensorFlow tensors (they reach the pipelines only to run TensorFlow's ops)."""
+    if not host_shortcut_allowed(x):
         return None
-    if not is_torch(x):
-        return x
-    return x.detach().numpy() if x.device.type == "cpu" else None
+    return x.detach().numpy() if is_torch(x) else x
 
 
 def kernel_view(x, numpy_on_cpu=True):

@@ -63,7 +63,7 @@ def _scalar(value, like):
     quotient), by a tensor on the device as a true division."""
     if namespace.is_torch(like):
         torch = sys.modules["torch"]
-        return float(value) if like.device.type == "cpu" else torch.full((), float(value), device=like.device)
+        return float(value) if namespace.host_shortcut_allowed(like) else torch.full((), float(value), device=like.device)
     return np.float32(value)
 
 

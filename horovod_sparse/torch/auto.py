@@ -46,9 +46,10 @@ from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_process_set, check_caller
 from horovod_sparse.layout import key_order
 from horovod_sparse.nonfinite import raise_with_hint
+from horovod_sparse.ops.namespace import host_shortcut_allowed
 from horovod_sparse.step.bucket import Bucket
 from horovod_sparse.step.profiling import fit_exchange_cost, probe_lengths
-from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum
+from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum, probe_scale
 
 #: largest exchange (elements) timed to fit a cost; larger ones follow the line
 PROBE_ELEMENTS = 1 << 22
@@ -179,7 +180,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
             if self._dense_sums is not None and out.is_floating_point():
                 self._dense_sums.add(out)
         else:
-            out = self._sums[choice].write(info, float(tensor.item()) / self._comm.Get_size())
+            out = self._sums[choice].write(info, probe_scale(tensor, self._comm.Get_size()))
         self._decompressed += 1
         if self._decompressed == self._position:  # the step's last: every sum of Horovod's is in
             self._settle_step()
@@ -275,7 +276,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
         return self.buckets[spec].pipelines.take_out(keys)
 
     def overlaps(self):
-        return next(iter(self._gradients.values())).device.type != "cpu"
+        return not host_shortcut_allowed(next(iter(self._gradients.values())))
 
     def checked_gradients(self):
         out = {}

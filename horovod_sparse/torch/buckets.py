@@ -14,6 +14,8 @@ import torch
 from horovod_sparse.ops import cpu
 from horovod_sparse.ops.cpu.cast import scatter_dense
 from horovod_sparse.ops.finite import all_finite
+from horovod_sparse.ops.host import to_list
+from horovod_sparse.ops.namespace import host_shortcut_allowed
 from horovod_sparse.ops.torch_ops import TorchOps
 
 OPS = TorchOps()
@@ -57,6 +59,27 @@ class TorchStepArrays:
 TORCH_ARRAYS = TorchStepArrays()
 
 
+#: (device, P) -> P as a 0-d float32 tensor there: the divisor of :func:`probe_scale`
+_DIVISORS = {}
+
+
+def probe_scale(probe, size):
+    """The factor turning the step's sum over ``size`` ranks into Horovod's result, from a
+    gradient's reduced probe (1 on every rank: ``size`` summed, 1 averaged; pre/postscale
+    factors included): 1/P (Average) or 1 (Sum). A Python float on the host's path, where
+    reading a CPU tensor costs nothing; on a device the 0-d float32 tensor probe / P, computed
+    there, so that no gradient's ``decompress`` waits for the device. float32's quotient of 1
+    or P by P is the rounded double one (checked for every P up to 100,000), so the products
+    are the host path's; another factor's may differ by one rounding. The divisor is a
+    tensor: CUDA divides by a Python number as a product with its reciprocal."""
+    if host_shortcut_allowed(probe):
+        return float(probe.item()) / size
+    key = (probe.device, size)
+    if key not in _DIVISORS:
+        _DIVISORS[key] = torch.full((), float(size), dtype=torch.float32, device=probe.device)
+    return probe / _DIVISORS[key]  # shape (1,): broadcasts over a gradient's part
+
+
 class FusedBuffer:
     """One float32 buffer on the gradients' device, reused while the layout's length and
     the device stay the same (no allocation, no page faults per step)."""
@@ -75,7 +98,8 @@ class FusedBuffer:
 
 class StepSum:
     """The step's sum over ranks, split by gradient: ``write(key, scale)`` puts one
-    gradient's part, times ``scale``, into that gradient and returns it.
+    gradient's part, times ``scale`` (:func:`probe_scale`: a float, or a 0-d tensor on the
+    device, never read back), into that gradient and returns it.
 
     summed : ``(indices, values)`` of a sparsifier (sorted int64 indices into the fused
         buffer and their float32 sums) or a dense float32 tensor of length n.
@@ -91,7 +115,7 @@ class StepSum:
             # Where each gradient's pairs start and end: one binary search per gradient. The
             # indices stay the fused buffer's; write() places them at its gradient's offset.
             starts = torch.tensor(layout.starts, dtype=indices.dtype, device=indices.device)
-            bounds = torch.searchsorted(indices, starts).tolist()
+            bounds = to_list(torch.searchsorted(indices, starts))
             self.parts = {e.key: (indices[bounds[i]:bounds[i + 1]], slice(bounds[i], bounds[i + 1]))
                           for i, e in enumerate(layout.entries)}
             self._scaled = {1.0: self.values}  # scale -> values * scale: once per step, not per gradient
@@ -107,18 +131,21 @@ class StepSum:
         flat_out = out.view(-1)
         if self.sparse:
             indices, part = self.parts[key]
-            if scale not in self._scaled:
-                self._scaled[scale] = self.values * scale
-            values = self._scaled[scale][part]
-            if cpu.enabled() and out.dtype == values.dtype == torch.float32 and out.device.type == "cpu" \
-                    and values.device.type == "cpu":  # zeros and sums in one sequential pass
+            if isinstance(scale, torch.Tensor):  # this gradient's pairs only (a cache would compare on the host)
+                values = self.values[part] * scale
+            else:
+                if scale not in self._scaled:
+                    self._scaled[scale] = self.values * scale
+                values = self._scaled[scale][part]
+            if cpu.enabled() and out.dtype == values.dtype == torch.float32 and host_shortcut_allowed(out) \
+                    and host_shortcut_allowed(values):  # zeros and sums in one sequential pass
                 scatter_dense(flat_out.numpy(), indices.numpy(), values.numpy(), entry.offset)
             else:
                 flat_out.zero_()
                 flat_out.index_copy_(0, (indices - entry.offset).to(out.device), values.to(out.device, out.dtype))
         else:
             part = self.parts[key]
-            if scale == 1.0:
+            if not isinstance(scale, torch.Tensor) and scale == 1.0:
                 flat_out.copy_(part)
             elif flat_out.dtype == part.dtype and flat_out.device == part.device:
                 torch.mul(part, scale, out=flat_out)  # one pass, no temporary (the same float32 product)
@@ -152,7 +179,7 @@ class FiniteCheck:
         self.finite, self._flags = True, []
 
     def add(self, tensor):
-        if tensor.device.type != "cpu" or tensor.dtype == torch.bfloat16:  # (numpy has no bfloat16)
+        if not host_shortcut_allowed(tensor) or tensor.dtype == torch.bfloat16:  # (numpy has no bfloat16)
             self._flags.append(torch.isfinite(tensor).all())
         elif self.finite:  # one non-finite tensor decides it
             self.finite = all_finite(tensor.reshape(-1))

@@ -69,7 +69,7 @@ from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.out_of_band import OutOfBandCompressorBase
 from horovod_sparse.schedule.planner import SCHEDULES
 from horovod_sparse.step.exchanges import StepExchanges
-from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum
+from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum, probe_scale
 
 #: ``state_dict`` key of the count of steps exchanged (where an exact-step schedule is in use)
 STEPS_KEY = "(steps)"
@@ -230,7 +230,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             else:
                 self._count_step(exact=False)
             self.pipelines = self.exchanges.pipelines
-        return self._results.write(info, self.scale(tensor.item()))
+        return self._results.write(info, probe_scale(tensor, self.world_size))
 
     def _count_step(self, exact):
         self.exact_report = (self.steps_exchanged, exact)

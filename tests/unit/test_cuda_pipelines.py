@@ -3,10 +3,11 @@
 Why: the frontends hand a pipeline the gradients where they live, and on a GPU the step runs
 torch's own kernels on the device (``horovod_sparse/ops/``), a code path the CPU suite reaches
 only partly (on the CPU, torch tensors run numpy's kernels on zero-copy views). These tests
-are what a machine with CUDA runs to check that path; here the ``cpu`` case runs the same
-bodies with ``numpy_on_cpu = False`` (torch's own kernels where a pipeline has that choice:
-PowerSGD, FFT) so that the tests themselves are proven on every machine, and the ``cuda`` case
-is skipped, and counted as skipped, where ``torch.cuda.is_available()`` is False.
+are what a machine with CUDA runs to check that path. The ``cpu`` case runs the same bodies
+under the device path (``HOROVOD_SPARSE_KERNELS=torch``: ``cpu.device_path()``), where CPU
+tensors run exactly the torch ops a CUDA tensor runs, so every machine checks that code
+against the oracle; the ``cuda`` case is skipped, and counted as skipped, where
+``torch.cuda.is_available()`` is False.
 
 Each case makes two pipelines of one compressor with ``horovod_sparse.create(spec)`` and
 ``make_pipeline(n, MPI.COMM_SELF, layout=LAYOUT)``: the oracle, fed numpy arrays, and the one
@@ -30,6 +31,7 @@ And the overflow contract (``horovod_sparse/nonfinite.py``): a gradient holding 
 field of ``state_dict()`` as it was before the call, and the next finite step equals the oracle
 of a pipeline that never saw the bad step.
 """
+import contextlib
 import math
 
 import numpy as np
@@ -40,6 +42,7 @@ import horovod_sparse
 from horovod_sparse import registry
 from horovod_sparse.exchange import NonFiniteGradientError
 from horovod_sparse.layout import GradientLayout
+from horovod_sparse.ops import cpu
 
 torch = pytest.importorskip("torch")
 
@@ -257,6 +260,12 @@ def to_device(grad, device):
     return torch.from_numpy(grad.copy()).to(device)
 
 
+def device_code(device):
+    """Where the device's code runs: on the CPU only under the device path (the numpy oracle's
+    arrays still run numpy's code inside it)."""
+    return cpu.device_path() if device == "cpu" else contextlib.nullcontext()
+
+
 # --------------------------------------------------------------------------- the cases
 def test_every_out_of_band_compressor_has_a_case():
     """The list above covers registry.available() minus the in-band three, so a compressor added
@@ -273,8 +282,7 @@ def test_device_steps_equal_the_numpy_steps(spec, device):
     name = name_of(spec)
     tolerant = name in TOLERANT
     compared = 0
-    with pipeline(spec) as oracle, pipeline(spec) as on_device:
-        on_device.numpy_on_cpu = False  # torch's own kernels where the pipeline has the choice
+    with device_code(device), pipeline(spec) as oracle, pipeline(spec) as on_device:
         for step in range(STEPS):
             if tolerant:  # from the oracle's state: one step's difference, as documented
                 on_device.load_state_dict(oracle.state_dict())
@@ -303,8 +311,7 @@ def test_overflow_raises_keeps_the_state_and_the_next_step_is_the_oracles(spec, 
     tolerant = name in TOLERANT
     previous_bad = False
     finite_after_bad = 0
-    with pipeline(spec) as oracle, pipeline(spec) as on_device:
-        on_device.numpy_on_cpu = False
+    with device_code(device), pipeline(spec) as oracle, pipeline(spec) as on_device:
         for step in range(OVERFLOW_STEPS):
             what = f"{spec} on {device}, step {step}"
             if tolerant and not previous_bad:

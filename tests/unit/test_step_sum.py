@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from horovod_sparse.layout import GradientLayout
-from horovod_sparse.torch.buckets import StepSum
+from horovod_sparse.ops import cpu
+from horovod_sparse.torch.buckets import StepSum, probe_scale
 
 SHAPES = {"a.weight": ((3, 4), torch.float32), "b.bias": ((5,), torch.float64),
           "c.weight": ((2, 3, 2), torch.float32), "d.bias": ((1,), torch.float32)}
@@ -58,3 +59,25 @@ def test_dense_sum_is_copied_and_scaled_bitwise():
         out = step.write(e.key, 0.25)
         want = (summed[e.offset:e.offset + e.size] * np.float32(0.25)).reshape(e.shape)
         assert out.numpy().tobytes() == want.astype(out.numpy().dtype).tobytes()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+@pytest.mark.parametrize("averaged", [True, False])
+def test_a_device_scale_writes_the_host_scales_bits(size, averaged):
+    """On the device path the probe's scale stays a tensor (no read-back per gradient); the
+    sums written with it, sparse and dense, are those of the host's float scale."""
+    probe = torch.full((1,), 1.0 if averaged else float(size))
+    host = probe_scale(probe, size)
+    with cpu.device_path():
+        device = probe_scale(probe, size)
+    assert isinstance(host, float) and isinstance(device, torch.Tensor)
+    for sparse in (True, False):
+        written = []
+        for scale in (host, device):
+            keys, grads, layout, rng = make(4)
+            indices = np.sort(rng.choice(layout.n, size=9, replace=False)).astype(np.int64)
+            values = rng.standard_normal(layout.n).astype(np.float32)
+            summed = (torch.from_numpy(indices), torch.from_numpy(values[:9])) if sparse else torch.from_numpy(values)
+            step = StepSum(layout, grads, summed)
+            written.append([step.write(key, scale).numpy().tobytes() for key in keys])
+        assert written[0] == written[1], (sparse, size, averaged)

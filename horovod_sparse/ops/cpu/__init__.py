@@ -25,6 +25,11 @@ installed, when ``HOROVOD_SPARSE_KERNELS=numpy`` is set, or inside ``with numpy_
 Both give the same bits: integer keys, and per element the same float32 operations in
 the same order (no fast-math, no reassociation).
 
+``HOROVOD_SPARSE_KERNELS=torch`` (or ``with device_path():``) is the GPU's path on the CPU:
+CPU torch tensors then run torch's own ops, exactly the code a CUDA tensor runs (no numpy
+view, no compiled kernel), while numpy arrays keep numpy's (the oracle). Callers ask
+:func:`horovod_sparse.ops.namespace.host_shortcut_allowed` rather than this module.
+
 Example::
 
     from horovod_sparse.ops import cpu
@@ -32,24 +37,32 @@ Example::
         ...
     with cpu.numpy_only():     # the reference path, e.g. in a test
         ...
+    with cpu.device_path():    # CPU tensors run what a CUDA tensor runs
+        ...
 """
 import contextlib
 import os
 import threading
 
-#: the environment variable that chooses the kernels: "numba" (default where installed) or "numpy"
+#: the environment variable that chooses the kernels: "numba" (default where installed), "numpy",
+#: or "torch" (CPU tensors take the device path)
 KERNELS_ENV = "HOROVOD_SPARSE_KERNELS"
-CHOICES = ("numba", "numpy")
+CHOICES = ("numba", "numpy", "torch")
 
 try:
     import numba
 except ImportError:  # the numpy path serves
     numba = None
 
-_local = threading.local()  # numpy_only() is per thread: a test's switch never leaks into a channel thread's step
+_local = threading.local()  # the blocks' choice is per thread: a test's switch never leaks into a channel thread's step
 
 
-def _chosen():
+def chosen():
+    """The kernels in force in this thread: the innermost :func:`numpy_only` / :func:`device_path`
+    block's, else the environment's (one of :data:`CHOICES`)."""
+    choice = getattr(_local, "choice", None)
+    if choice is not None:
+        return choice
     choice = os.environ.get(KERNELS_ENV, "numba").strip().lower() or "numba"
     if choice not in CHOICES:
         raise ValueError(f"{KERNELS_ENV} must be one of {list(CHOICES)}, got {choice!r}")
@@ -62,20 +75,35 @@ def available():
 
 
 def enabled():
-    """Whether callers should run the compiled kernels now: numba is installed, the
-    environment does not ask for numpy, and no :func:`numpy_only` is in force in this thread."""
-    return numba is not None and _chosen() == "numba" and not getattr(_local, "numpy_only", False)
+    """Whether callers should run the compiled kernels now: numba is installed and the kernels
+    in force (:func:`chosen`) are numba's."""
+    return numba is not None and chosen() == "numba"
+
+
+def device_path_chosen():
+    """Whether CPU torch tensors run the device's code now (``torch`` in force)."""
+    return chosen() == "torch"
 
 
 @contextlib.contextmanager
-def numpy_only():
-    """Within the block (this thread), every caller takes the numpy path."""
-    before = getattr(_local, "numpy_only", False)
-    _local.numpy_only = True
+def _choosing(choice):
+    before = getattr(_local, "choice", None)
+    _local.choice = choice
     try:
         yield
     finally:
-        _local.numpy_only = before
+        _local.choice = before
+
+
+def numpy_only():
+    """Within the block (this thread), every caller takes the numpy path."""
+    return _choosing("numpy")
+
+
+def device_path():
+    """Within the block (this thread), CPU torch tensors run torch's own ops, as a CUDA tensor
+    does; numpy arrays run numpy's (no compiled kernels): ``HOROVOD_SPARSE_KERNELS=torch``."""
+    return _choosing("torch")
 
 
 def jit(function):

@@ -1,0 +1,102 @@
+"""The device path on the CPU (``HOROVOD_SPARSE_KERNELS=torch``, ``cpu.device_path()``): one
+predicate decides every "CPU tensor -> numpy view / compiled kernel" shortcut, numpy arrays keep
+numpy's path, the block is per thread, and a pipeline's step then dispatches torch's ops."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import horovod_sparse
+from horovod_sparse.layout import GradientLayout
+from horovod_sparse.ops import cpu, host
+from horovod_sparse.ops.counting import DeviceCounts
+from horovod_sparse.ops.namespace import host_shortcut_allowed
+from horovod_sparse.ops.views import numpy_view
+
+
+def test_cpu_tensors_take_the_host_shortcuts_unless_the_device_path_is_chosen():
+    t, a = torch.zeros(4), np.zeros(4, np.float32)
+    assert host_shortcut_allowed(t) and numpy_view(t) is not None
+    with cpu.device_path():
+        assert not host_shortcut_allowed(t) and numpy_view(t) is None
+        assert host_shortcut_allowed(a) and numpy_view(a) is a  # the oracle keeps numpy's path
+        assert not cpu.enabled()  # no compiled kernels either
+        with cpu.numpy_only():  # the innermost block decides
+            assert host_shortcut_allowed(t) and not cpu.enabled()
+        assert not host_shortcut_allowed(t)
+    assert host_shortcut_allowed(t)
+
+
+def test_the_environment_chooses_the_device_path_and_refuses_other_names(monkeypatch):
+    monkeypatch.setenv(cpu.KERNELS_ENV, "torch")
+    assert cpu.device_path_chosen() and not host_shortcut_allowed(torch.zeros(1))
+    monkeypatch.setenv(cpu.KERNELS_ENV, "cuda")
+    with pytest.raises(ValueError, match="HOROVOD_SPARSE_KERNELS must be one of .*'torch'.*'cuda'"):
+        cpu.chosen()
+
+
+def test_the_block_holds_in_its_own_thread_only():
+    seen = []
+    with cpu.device_path():
+        thread = threading.Thread(target=lambda: seen.append(host_shortcut_allowed(torch.zeros(1))))
+        thread.start()
+        thread.join()
+    assert seen == [True]
+
+
+def test_the_counts_see_scalar_reads_data_dependent_shapes_and_host_crossings():
+    t = torch.arange(6.0)
+    counts = DeviceCounts()
+    with counts:
+        t.sum().item()
+        t[t > 2].sum()                   # a boolean index: nonzero
+        host.to_list(torch.tensor([1]))  # a read the dispatcher never sees
+        host.from_host(host.to_host(t), t)
+    with counts:  # blocks add up
+        bool(t[0] == 0)
+    summary = counts.summary()
+    assert summary["syncs"] == 4, counts.ops
+    assert (summary["transfers_out"], summary["bytes_out"], summary["transfers_in"], summary["bytes_in"]) == (1, 24, 1, 24)
+    assert summary["ops"] == sum(counts.ops.values()) > 4
+
+
+@pytest.mark.parametrize("spec", ["topk:density=0.05,warmup_steps=0", "qsgd:bucket_size=128"])
+def test_a_step_under_the_device_path_runs_torch_ops(spec):
+    """The same step dispatches a handful of ops on the host's path (views of the buffers) and
+    the whole computation on the device path."""
+    layout = GradientLayout([("w", (40, 32), "float32"), ("b", (40,), "float32")])
+    ops = {}
+    for path in (cpu.numpy_only, cpu.device_path):
+        with path(), horovod_sparse.create(spec).make_pipeline(layout.n, MPI.COMM_SELF, layout=layout) as pipe:
+            counts = DeviceCounts()
+            with counts:
+                grad = torch.from_numpy(np.random.default_rng(0).standard_normal(layout.n).astype(np.float32))
+                getattr(pipe, "step_sparse", pipe.step)(grad, tag=layout.tag)
+            ops[path.__name__] = counts.ops
+    assert ops["device_path"]["abs"] >= 1 and ops["numpy_only"]["abs"] == 0
+
+
+@pytest.mark.parametrize("memory", ["error_feedback", "momentum_correction"])
+def test_pieces_fused_on_the_device_path_give_the_host_paths_bits(memory):
+    """On the device path a step's pieces are fused by one cat, then whole-buffer passes; the
+    host path visits them one by one. float64 pieces round, float16 and bfloat16 widen, alike;
+    the committed state (what was sent cleared) is the same too."""
+    from horovod_sparse.memory import ErrorFeedback, MomentumCorrection
+    rng = np.random.default_rng(3)
+    dtypes = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float32)
+    pieces = [torch.from_numpy(rng.standard_normal(size) * 3).to(dtype) for size, dtype in zip((7, 5, 4, 9, 3), dtypes)]
+    n = sum(p.numel() for p in pieces)
+    make = (lambda: ErrorFeedback(n)) if memory == "error_feedback" else (lambda: MomentumCorrection(n, 0.9))
+    state = {name: rng.standard_normal(n).astype(np.float32) for name in make().state_names}
+    results = {}
+    for path in (cpu.numpy_only, cpu.device_path):
+        with path():
+            mem = make()
+            mem.load_state_dict(state)
+            acc = mem.accumulate_pieces(pieces)
+            acc_bytes = acc.numpy().tobytes()
+            mem.commit_cleared(acc, torch.tensor([0, 3, n - 1]))
+            results[path.__name__] = acc_bytes, {k: v.tobytes() for k, v in mem.state_dict().items()}
+    assert results["numpy_only"] == results["device_path"]
