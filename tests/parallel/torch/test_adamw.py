@@ -14,6 +14,7 @@ import horovod_sparse.torch as hvds
 from horovod_sparse.agreement import allgather_int64, communicator_of
 from horovod_sparse.checkpoint import gather_state, scatter_state
 from horovod_sparse.exact_steps import ExactSteps
+from grad_scaler import grad_scaler_step
 from test_schedules import five_layers, flat, local_gradients, loss_of, train_step
 
 pytestmark = pytest.mark.world_sizes(2)  # the exact steps' bookkeeping, not the exchange, is the subject
@@ -50,17 +51,20 @@ def test_exact_steps_are_horovods_average_on_every_rank_and_replicas_agree(sched
     model = five_layers()
     opt, compression = adamw(model, schedule=schedule, profile_steps=1)
     reports = []
-    for step in range(STEPS):
-        if step == 10:   # exact on the schedule, after the warm-ups
-            assert compression.regime() == {"horovod": "exact every 4 steps (step 10 exact), "
-                                                       "on Horovod's allreduce"}
-        local = local_gradients(model, step)
-        reduced = train_step(model, opt, step)
-        reports.append(compression.exact_report)
-        exact_average = {name: hvd.allreduce(torch.from_numpy(g), name=f"check.{name}").numpy() for name, g in
-                         local.items()}
-        same = all(np.array_equal(reduced[name], exact_average[name]) for name in local)
-        assert same == expected_exact(step), f"step {step}: exact average {same}, expected {expected_exact(step)}"
+    try:
+        for step in range(STEPS):
+            if step == 10:   # exact on the schedule, after the warm-ups
+                assert compression.regime() == {"horovod": "exact every 4 steps (step 10 exact), "
+                                                           "on Horovod's allreduce"}
+            local = local_gradients(model, step)
+            reduced = train_step(model, opt, step)
+            reports.append(compression.exact_report)
+            exact_average = {name: hvd.allreduce(torch.from_numpy(g), name=f"check.{name}").numpy()
+                             for name, g in local.items()}
+            same = all(np.array_equal(reduced[name], exact_average[name]) for name in local)
+            assert same == expected_exact(step), f"step {step}: exact average {same}, expected {expected_exact(step)}"
+    finally:
+        compression.close()  # a planned schedule's channel threads end, and Python's switch interval is restored
     assert reports == [(step, expected_exact(step)) for step in range(STEPS)]
     assert_identical_across_ranks(np.array([exact for _, exact in reports]))
     exact_count = sum(map(expected_exact, range(STEPS)))   # 13 of 30
@@ -77,14 +81,8 @@ def scaled_step(model, opt, scaler, step, poisoned):
         loss = loss_of(model, step)
         if step in poisoned and hvd.rank() == step % hvd.size():
             loss = loss * float("inf")
-    scaler.scale(loss).backward()
-    opt.synchronize()
-    scaler.unscale_(opt)
-    before = scaler.get_scale()
-    with opt.skip_synchronize():
-        scaler.step(opt)
-    scaler.update()
-    stepped = allgather_int64(communicator_of(None), [int(scaler.get_scale() >= before)])[:, 0]
+    skipped = grad_scaler_step(opt, scaler, loss)
+    stepped = allgather_int64(communicator_of(None), [int(not skipped)])[:, 0]
     assert len(set(stepped.tolist())) == 1, f"ranks disagree on the overflow: {stepped}"
     return bool(stepped[0])
 

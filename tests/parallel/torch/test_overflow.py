@@ -20,6 +20,8 @@ from horovod_sparse.agreement import allgather_int64, allgather_text, communicat
 from horovod_sparse.checkpoint import gather_state, scatter_state
 from horovod_sparse.exchange import NonFiniteGradientError
 
+from grad_scaler import grad_scaler_step  # tests/parallel/torch
+
 OUT_OF_BAND = [name for name in horovod_sparse.registry.available() if name not in ("none", "fp16", "randomk")]
 STEPS = 8
 BAD_STEPS = (2, 5)  # after state exists; on rank (step % P)
@@ -245,14 +247,7 @@ def test_real_grad_scaler_with_fp16_autocast_trains_on(name, assert_identical_ac
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.float16):
             loss = F.cross_entropy(model(x), y)
-        scaler.scale(loss).backward()
-        opt.synchronize()
-        scaler.unscale_(opt)
-        before = scaler.get_scale()
-        with opt.skip_synchronize():
-            scaler.step(opt)
-        scaler.update()
-        skipped += int(scaler.get_scale() < before)
+        skipped += int(grad_scaler_step(opt, scaler, loss))
         losses.append(float(loss))
     params = flat(model)
     assert np.isfinite(params).all()
