@@ -359,6 +359,19 @@ def _nearest_levels(xs, codes, scale, s):
 
 
 @inlined
+def _bucket_levels(xs, cs, scale, inv, s, levels, first, k1, k2, words, nearest):
+    """One bucket's codes (or its part in a chunk): level 0 (code ``levels``) where the bucket is
+    broken (S = 0 or not finite), else int4's nearest levels (``nearest``) or QSGD's stochastic
+    ones, values ``first`` .. of the stream."""
+    if not (np.isfinite(inv) and np.isfinite(scale)):
+        cs[:] = levels
+    elif nearest:
+        _nearest_levels(xs, cs, scale, s)
+    else:
+        _levels(xs, cs, inv, levels, first, k1, k2, words)
+
+
+@inlined
 def _decoded_and_residual(xs, codes, step, s, decoded, residual):
     """decoded = (code - s) * step and residual = x - that, where they are wanted (the caller's
     empty arrays slice to empty views)."""
@@ -458,12 +471,7 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
             scale = scales[b]
             inv, step = s / scale, scale / s
             cs = out[lo:hi]
-            if np.isfinite(inv) and np.isfinite(scale) and nearest:
-                _nearest_levels(x[lo:hi], cs, scale, s)
-            elif np.isfinite(inv) and np.isfinite(scale):
-                _levels(x[lo:hi], cs, inv, levels, start + lo, k1, k2, words)
-            else:
-                cs[:] = levels
+            _bucket_levels(x[lo:hi], cs, scale, inv, s, levels, start + lo, k1, k2, words, nearest)
             _decoded_and_residual(x[lo:hi], cs, step, s, decoded[lo:hi], residual[lo:hi])
         return
     total_bytes = (n * bits + 7) // 8
@@ -478,12 +486,7 @@ def levels_encode(x, scales, norms_here, bucket, block, levels, bits, k1, k2, st
             scale = scales[b]
             inv, step = s / scale, scale / s
             cs = codes[i - c0:stop - c0]
-            if np.isfinite(inv) and np.isfinite(scale) and nearest:
-                _nearest_levels(x[i:stop], cs, scale, s)
-            elif np.isfinite(inv) and np.isfinite(scale):
-                _levels(x[i:stop], cs, inv, levels, start + i, k1, k2, words)
-            else:
-                cs[:] = levels
+            _bucket_levels(x[i:stop], cs, scale, inv, s, levels, start + i, k1, k2, words, nearest)
             _decoded_and_residual(x[i:stop], cs, step, s, decoded[i:stop], residual[i:stop])
             i = stop
         for k in range(c1 - c0, ((c1 - c0 + 7) // 8) * 8):
