@@ -52,19 +52,28 @@ class OutOfBandCompressorBase:
 
     @property
     def comm(self):
-        """The exchanges' communicator: the caller's process set's, once a frontend has set it,
-        else Horovod's whole world (:func:`~horovod_sparse.agreement.communicator_of`), never
-        mpi4py's ``COMM_WORLD`` as such (Horovod may run on a part of it)."""
+        """The exchanges' communicator: the caller's process set's, once a frontend has set it
+        (:meth:`use_communicator`), else Horovod's whole world
+        (:func:`~horovod_sparse.agreement.communicator_of`), never mpi4py's ``COMM_WORLD`` as
+        such (Horovod may run on a part of it)."""
         if self._comm is None:
             from horovod_sparse.agreement import communicator_of
-            self._comm = communicator_of(None)
+            self.use_communicator(communicator_of(None))
         return self._comm
+
+    def use_communicator(self, comm):
+        """Exchange on ``comm`` from now on; its size is read here, once."""
+        self._comm, self._world_size = comm, comm.Get_size()
 
     @property
     def world_size(self):
-        """P, the size of ``comm``: a property, so that TensorFlow's AutoGraph, converting the
-        traced ``decompress``, sees no call of mpi4py's (it cannot convert C methods, and warns)."""
-        return self.comm.Get_size()
+        """P, the size of ``comm``, read when it was set: ``decompress`` makes no MPI call after
+        the step's last exchange. Where Horovod started MPI, Horovod finalises it on every rank
+        once any rank exits, so a rank still finishing its last step would call into a finalised
+        MPI (a crash). A property, so that TensorFlow's AutoGraph, converting the traced
+        ``decompress``, sees no call of mpi4py's (it cannot convert C methods, and warns)."""
+        self.comm  # noqa: B018  (sets it on first use)
+        return self._world_size
 
     def goes_dense(self, tensor):
         return not self.ops.is_float(tensor) or self.ops.numel(tensor) < self.dense_below

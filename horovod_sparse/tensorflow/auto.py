@@ -83,6 +83,7 @@ class TFAutoCompressor(HorovodCompressor):
         self._recorded = []                 # (key, gradient) compressed, not yet exchanged
         self._results = {}                  # key -> BucketPart, exchanged, not yet decompressed
         self._checked = []                  # the gradient list whose verdict call is traced
+        self._world_size = None             # P, read at the first decompress
 
     @property
     def auto_report(self):
@@ -124,8 +125,12 @@ class TFAutoCompressor(HorovodCompressor):
 
     @property
     def world_size(self):
-        """P: a property, so that AutoGraph sees no call of mpi4py's while converting ``decompress``."""
-        return communicator_of(None).Get_size()
+        """P, read once: a property, so that AutoGraph sees no call of mpi4py's while converting
+        ``decompress``; read once, so that an eager ``decompress`` makes no MPI call after the
+        step's last exchange (out_of_band.py's ``world_size`` says why)."""
+        if self._world_size is None:
+            self._world_size = communicator_of(None).Get_size()
+        return self._world_size
 
     # Trace-time Python (a collective on a private communicator): autograph must not convert it.
     @tf.autograph.experimental.do_not_convert

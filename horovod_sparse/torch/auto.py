@@ -110,6 +110,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
         self.buckets = {spec: Bucket(algorithm, TORCH_ARRAYS) for spec, algorithm in self.algorithms.items()}
         self._horovod = {NONE: NoneCompressor, FP16: FP16Compressor}
         self._comm = None
+        self._world_size = None
         self._process_set = None
         self._optimizer = OneOptimizer("auto")  # one compressor per optimizer: refuse a second
         # this step, as compress hands it over
@@ -140,6 +141,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
                          process_sets=True)
             self._process_set = caller_process_set()
             self._comm = communicator_of(self._process_set)
+            self._world_size = self._comm.Get_size()  # read once: decompress makes no MPI call (out_of_band.py)
             check_same_on_every_rank(self.settings(), self._comm, "auto settings")
         if self._step_finished:
             self._start_step()
@@ -180,7 +182,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
             if self._dense_sums is not None and out.is_floating_point():
                 self._dense_sums.add(out)
         else:
-            out = self._sums[choice].write(info, probe_scale(tensor, self._comm.Get_size()))
+            out = self._sums[choice].write(info, probe_scale(tensor, self._world_size))
         self._decompressed += 1
         if self._decompressed == self._position:  # the step's last: every sum of Horovod's is in
             self._settle_step()

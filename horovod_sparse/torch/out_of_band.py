@@ -150,9 +150,9 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         if not self._caller_checked:
             check_caller(self.algorithm.name, hvd.Adasum, _DistributedAdasumOptimizer._allreduce_grad_async.__code__,
                          process_sets=True)
-            self._comm = communicator_of(caller_process_set())
+            self.use_communicator(communicator_of(caller_process_set()))
             self._caller_checked = True
-            self._dense_steps = self.algorithm.dense_steps(self._comm.Get_size())
+            self._dense_steps = self.algorithm.dense_steps(self.world_size)
         name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
         self._optimizer.check(optimizer)  # before the step starts: the optimizer's schedule decides it
         if self._step_finished:

@@ -22,13 +22,12 @@
 import functools
 import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+
+from mpi_program import RUN_TIMEOUT_S, run_mpi_program
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted(ROOT.glob("docs/**/*.md")) + [ROOT / "README.md"] + sorted(ROOT.glob("CHANGELOG.md"))
@@ -179,16 +178,6 @@ def test_tracker_patterns_catch_tracker_words_and_pass_framework_sessions():
 # ---------------------------------------------------------------------------------------------
 
 RUN_MARKER = re.compile(r"^#\s*run:\s*(mpirun|horovodrun)\s+-np\s+(\d+)\s+python3?\s+([\w.-]+\.py)\s*$")
-RUN_TIMEOUT_S = 180
-RUN_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",   # the CI runs as root
-    "TF_USE_LEGACY_KERAS": "1",            # Horovod 0.28 needs Keras 2; the README says to set it
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-    "OMP_NUM_THREADS": "1",                # ranks outnumber cores: one compute thread each
-    "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
-}
-
-
 def runnable_blocks():
     """pytest.params of every ```python block whose first line is a ``# run:`` comment, named
     page:line. A ``# run:`` line not of the marker's form is kept too, to fail as malformed."""
@@ -198,41 +187,6 @@ def runnable_blocks():
             if info in ("python", "py") and body and body[0].strip().startswith("# run:"):
                 found.append(pytest.param(page, start, body, id=f"{rel(page)}:{start}"))
     return found
-
-
-def run_mpi_program(program_dir, name, ranks):
-    """mpirun -np RANKS python NAME in PROGRAM_DIR, in its own process group (a timeout ends
-    every rank); returns (exit status, tagged output of all ranks)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_SPARSE_")}  # users' defaults
-    env.update(RUN_ENV)
-    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "--tag-output",
-           "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
-           *[a for k in RUN_ENV for a in ("-x", k)], sys.executable, name]
-    proc = subprocess.Popen(cmd, cwd=program_dir, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.terminate()                   # mpirun passes SIGTERM on to the ranks
-        try:
-            output, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            kill_session(proc.pid)
-            output, _ = proc.communicate()
-        kill_session(proc.pid)             # ranks left behind (each in its own process group)
-        output += f"\n(killed after {RUN_TIMEOUT_S} s)"
-    return proc.returncode, output
-
-
-def kill_session(session):
-    """SIGKILL every process of the session mpirun started (``start_new_session``)."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) == session:
-                    os.kill(int(entry.name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)

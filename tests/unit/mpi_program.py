@@ -1,0 +1,52 @@
+"""Launch a whole program on MPI ranks, as a user would (``mpirun -np N python NAME.py``), for
+the tests that need each rank to be its own process from start to exit: the docs' runnable
+examples, and ranks that end apart."""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+RUN_TIMEOUT_S = 180
+RUN_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",   # the CI runs as root
+    "TF_USE_LEGACY_KERAS": "1",            # Horovod 0.28 needs Keras 2; the README says to set it
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "OMP_NUM_THREADS": "1",                # ranks outnumber cores: one compute thread each
+    "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+}
+
+
+def run_mpi_program(program_dir, name, ranks):
+    """mpirun -np RANKS python NAME in PROGRAM_DIR, in its own process group (a timeout ends
+    every rank); returns (exit status, tagged output of all ranks)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_SPARSE_")}  # users' defaults
+    env.update(RUN_ENV)
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "--tag-output",
+           "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
+           *[a for k in RUN_ENV for a in ("-x", k)], sys.executable, name]
+    proc = subprocess.Popen(cmd, cwd=program_dir, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()                   # mpirun passes SIGTERM on to the ranks
+        try:
+            output, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            kill_session(proc.pid)
+            output, _ = proc.communicate()
+        kill_session(proc.pid)             # ranks left behind (each in its own process group)
+        output += f"\n(killed after {RUN_TIMEOUT_S} s)"
+    return proc.returncode, output
+
+
+def kill_session(session):
+    """SIGKILL every process of the session mpirun started (``start_new_session``)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == session:
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
