@@ -59,7 +59,7 @@ import torch
 from horovod.torch.compression import Compressor as HorovodCompressor
 from horovod.torch.optimizer import _DistributedAdasumOptimizer
 
-from horovod_sparse.agreement import communicator_of
+from horovod_sparse.agreement import check_same_on_every_rank, communicator_of
 from horovod_sparse.checks import check_choice, check_positive_int
 from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_process_set, check_caller
@@ -132,6 +132,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         # finite: an overflow there skips the whole step's exchange too
         self._carried = FiniteCheck()
         self._caller_checked = False
+        self._schedule_agreed = False  # every rank's optimizer has the same exact-step schedule
         self._optimizer = OneOptimizer(algorithm.name)  # one compressor per optimizer: refuse a second
         # the warm-up's dense steps, carried by Horovod (module docstring); their count depends
         # on P (a ramp's first steps send the whole buffer too): until the first compress tells
@@ -155,6 +156,12 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             self._dense_steps = self.algorithm.dense_steps(self.world_size)
         name, parameter, optimizer = caller_gradient(tensor, optimizer=True)
         self._optimizer.check(optimizer)  # before the step starts: the optimizer's schedule decides it
+        if not self._schedule_agreed:
+            # ranks on different exact steps would hand Horovod differently shaped allreduces
+            # (a gradient on one rank, a probe on another): name the cause before the first one
+            check_same_on_every_rank(f"exact steps {self.exact_schedule}", self._comm,
+                                     "exact-step schedules (horovod_sparse.torch.AdamW's exact_warmup and max_interval)")
+            self._schedule_agreed = True
         if self._step_finished:
             self._start_step()
         key = self._position if name is None else name

@@ -131,3 +131,20 @@ def test_a_checkpoint_before_a_variance_refresh_resumes_bit_for_bit(assert_ident
     assert np.array_equal(flat(resumed_model), flat(model))
     assert counters(resumed, resumed_compression) == counters(opt, compression)
     assert_identical_across_ranks(flat(resumed_model))
+
+
+@pytest.mark.timeout(120)
+def test_ranks_with_different_schedules_fail_together_naming_them():
+    """One rank's AdamW refreshes its variance on other steps than the rest: every rank raises a
+    ValueError naming the schedules at the first gradient, before Horovod's first allreduce
+    (which would otherwise fail on mismatched shapes, a gradient on one rank and a probe on another)."""
+    model = five_layers()
+    compression = hvds.Compression.from_spec(SPEC, dense_below=0)
+    opt = hvd.DistributedOptimizer(hvds.AdamW(model.parameters(), lr=1e-2, exact_warmup=3 + hvd.rank(), max_interval=4),
+                                   named_parameters=model.named_parameters(), compression=compression)
+    opt.zero_grad()
+    with pytest.raises(ValueError, match=r"different exact-step schedules .*rank 0: exact steps "
+                                         r"ExactSteps\(warmup=3, max_interval=4\); rank 1: exact steps "
+                                         r"ExactSteps\(warmup=4"):
+        loss_of(model, 0).backward()
+    assert not opt._handles, "an allreduce was started before the check"
