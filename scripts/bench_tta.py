@@ -376,7 +376,8 @@ def markdown(recs, targets=None, png_dir=None, tolerance=0.0, page="accuracy"):
 def recipe_text(record):
     """The record's optimizer and schedule in a few words (records before recipes ran plain SGD)."""
     r = record.get("recipe") or {"name": "sgd", "lr": record.get("lr"), "momentum": record.get("momentum")}
-    words = {"sgd": "SGD", "momentum": "SGD", "adamw": "AdamW"}[r["name"]] + f" lr {r.get('lr')}"
+    words = {"sgd": "SGD", "momentum": "SGD", "adamw": "AdamW",
+             "adamw-exact": "horovod_sparse.torch.AdamW"}[r["name"]] + f" lr {r.get('lr')}"
     if r.get("momentum"):
         words += f" momentum {r['momentum']}"
     if r.get("weight_decay"):

@@ -18,12 +18,14 @@ learning rates in ``RECIPES`` and its default in ``RECIPE``):
 * ``momentum``: SGD with momentum 0.9 and weight decay 1e-4, linear warm-up over the first
   10% of the steps, then cosine decay to zero (the CNN recipe);
 * ``adamw``: AdamW, weight decay 0.01, the same warm-up and cosine decay (the transformer
-  recipe).
+  recipe);
+* ``adamw-exact``: the same with :class:`horovod_sparse.torch.AdamW`, whose second moment is
+  updated on exact steps only (its default schedule), for the compressors under AdamW.
 """
 import math
 from dataclasses import asdict, dataclass, replace
 
-NAMES = ("sgd", "momentum", "adamw")
+NAMES = ("sgd", "momentum", "adamw", "adamw-exact")
 #: compressors that apply the optimizer's momentum themselves: trained with momentum 0
 OWN_MOMENTUM = ("dgc", "signum")
 
@@ -46,6 +48,9 @@ class Recipe:
         import torch
         if self.name == "adamw":
             return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        if self.name == "adamw-exact":
+            from horovod_sparse.torch import AdamW
+            return AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def lr_factor(self, step, total_steps):
@@ -92,4 +97,6 @@ def recipe_for(workload, name=None, lr=None):
     if name not in NAMES:
         raise ValueError(f"recipe must be one of {', '.join(NAMES)}, got {name!r}")
     own = getattr(workload, "RECIPES", {})
+    if name == "adamw-exact":  # the workload's AdamW rates, the exact-step optimizer
+        return replace(own.get("adamw", RECIPES["adamw"]), name=name).with_lr(lr)
     return own.get(name, RECIPES[name]).with_lr(lr)

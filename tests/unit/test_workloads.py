@@ -243,3 +243,19 @@ def test_size_parser_and_the_recipe_under_a_compressor_with_its_own_momentum():
     assert momentum.for_compressor("signum").momentum == 0.0
     assert momentum.for_compressor("topk:density=0.01") is momentum
     assert RECIPES["adamw"].for_compressor("dgc") is RECIPES["adamw"]
+
+
+def test_the_exact_step_recipe_is_the_workloads_adamw_on_horovod_sparse_adamw():
+    from horovod_sparse.torch import AdamW
+    from horovod_sparse.workloads.recipes import Recipe, recipe_for
+
+    class Workload:  # a workload with its own AdamW rate
+        RECIPES = {"adamw": Recipe("adamw", lr=3e-4, weight_decay=0.1, warmup=0.1, decay="cosine")}
+
+    exact, plain = recipe_for(Workload, "adamw-exact"), recipe_for(Workload, "adamw")
+    assert (exact.name, exact.lr, exact.weight_decay, exact.warmup, exact.decay) == \
+        ("adamw-exact", plain.lr, plain.weight_decay, plain.warmup, plain.decay)
+    opt = exact.optimizer(torch.nn.Linear(3, 2).parameters())
+    assert type(opt) is AdamW and opt.defaults["lr"] == 3e-4 and opt.defaults["weight_decay"] == 0.1
+    assert type(plain.optimizer(torch.nn.Linear(3, 2).parameters())) is torch.optim.AdamW
+    assert recipe_for(Workload, "adamw-exact", lr=1e-3).lr == 1e-3
