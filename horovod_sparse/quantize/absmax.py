@@ -87,7 +87,9 @@ class Int4Codec(_FixedBuckets):
             lib.maximum(total, part, out=total)
 
         bucket_rows(x, bucket, scales, magnitudes, _row_max, larger)
-        scales[scales < self._smallest_scale()] = 0
+        # scales below the smallest to 0, NaN and inf kept (NaN * 0 is NaN): a product, where
+        # a masked store would read the mask's count back to the host on a GPU
+        scales *= scales >= self._smallest_scale()
         return scales
 
     def _smallest_scale(self):

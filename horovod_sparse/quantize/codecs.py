@@ -226,7 +226,9 @@ class BF16Codec(ValueCodec):
                  else self.scratch.get("codes", x.shape[0], "int16", x))
         kernels.bfloat16_bits(x, codes)
         xp = namespace.namespace(x)
-        if not math.isfinite(float(xp.sum(x))):  # one fast reduction; NaN only if it says so
+        if not namespace.host_shortcut_allowed(x):  # a device: a masked fill, no read-back of the sum
+            codes.masked_fill_(xp.isnan(x), self._QUIET_NAN)
+        elif not math.isfinite(float(xp.sum(x))):  # one fast reduction; NaN only if it says so
             nan = xp.isnan(x)
             if bool(xp.any(nan)):
                 codes[nan] = self._QUIET_NAN
@@ -512,6 +514,10 @@ def _inverse(scales, s, scratch):
     inv[...] = s
     lib.divide(inv, scales, out=inv)
     good = xp.isfinite(inv) & xp.isfinite(scales)
+    if not namespace.host_shortcut_allowed(scales):  # a device: no read-back of whether any is broken
+        broken = ~good
+        inv.masked_fill_(broken, 0)
+        return inv, broken
     broken = None if bool(xp.all(good)) else ~good
     if broken is not None:
         inv[broken] = 0
@@ -574,6 +580,12 @@ def _broken_rows(y, broken, bucket, level):
         flagged = tf.repeat(broken[:-(-count // bucket)], bucket)[:count]
         return tf.where(flagged, tf.fill(tf.shape(y), np.float32(level)), y)
     full = count // bucket
+    if not namespace.host_shortcut_allowed(y):  # a device: masked fills, no read-back of the mask
+        if full:
+            y[:full * bucket].view(full, bucket).masked_fill_(broken[:full, None], level)
+        if full * bucket < count:
+            y[full * bucket:].masked_fill_(broken[full], level)
+        return y
     if full:
         y[:full * bucket].reshape(full, bucket)[broken[:full]] = level
     if full * bucket < count and bool(broken[full]):
@@ -854,7 +866,9 @@ class OneBitCodec(SignCodec):
     header_floats = 2
 
     def _header(self, x, bits, count):
-        negatives = indices.count_nonzero(bits[:count])
+        device = namespace.is_torch(x) and not namespace.host_shortcut_allowed(x)
+        # the count of negatives: on a device a 0-d tensor there (no read-back), else an int
+        negatives = (bits[:count] != 0).sum() if device else indices.count_nonzero(bits[:count])
         if namespace.is_tensorflow(x):  # numpy's clip: -0 becomes +0 on both sides, NaN stays
             tf = _tf()
             zero = tf.zeros_like(x)
@@ -871,6 +885,10 @@ class OneBitCodec(SignCodec):
             sides[...] = 0
         means = scratch.get("means", 2, "float32", x)
         means[...] = tree_sum_rows(sides)                           # [sum of max(x, 0), of min(x, 0)]
+        if device:  # float32 divisors on the device: a true division, as _scalar's
+            means[0] /= (count - negatives).clamp_min(1).to(means.dtype)
+            means[1] /= negatives.clamp_min(1).to(means.dtype)
+            return means
         means[0] /= _scalar(max(count - negatives, 1), x)
         means[1] /= _scalar(max(negatives, 1), x)
         return means

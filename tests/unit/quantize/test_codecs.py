@@ -329,6 +329,38 @@ def test_codes_match_the_documented_definition(codec, count):
     np.testing.assert_array_equal(codec.decode(code, count).view(np.uint32), expected_values.view(np.uint32))
 
 
+
+@pytest.mark.parametrize("codec", ORACLE_CODECS, ids=repr)
+def test_broken_buckets_on_the_device_path_match_the_definition(codec):
+    """What a CUDA tensor runs, on the CPU (``cpu.device_path()``): buckets broken by a NaN, an
+    inf, a huge value or all zeros take level 0 by masked fills, with no read-back of whether
+    any is broken; the bytes and floats are the definition's, bit for bit."""
+    torch = pytest.importorskip("torch")
+    from horovod_sparse.ops import cpu
+    x = data(1001, seed=3)
+    x[5], x[40], x[100:140], x[300], x[1000] = np.nan, -np.inf, 0, 3e38, np.inf
+    expected_bytes, expected_values = ORACLES[repr(codec)](x, 12345)
+    with cpu.device_path(), np.errstate(all="ignore"):
+        code = codec.encode(torch.from_numpy(x.copy()), seed=12345)
+        values = codec.decode(code, x.size)
+    np.testing.assert_array_equal(code.numpy(), expected_bytes)
+    np.testing.assert_array_equal(values.numpy().view(np.uint32), expected_values.view(np.uint32))
+
+
+def test_bf16_nans_on_the_device_path_are_numpys_quiet_nans():
+    """bf16's NaNs (a signalling one too) become the quiet NaN by a masked fill on the device
+    path, where numpy's path checks a sum first: the same bytes."""
+    torch = pytest.importorskip("torch")
+    from horovod_sparse.ops import cpu
+    x = data(1001, seed=4)
+    x[7], x[70], x[700] = np.nan, np.inf, -np.inf
+    x[9:10].view(np.uint32)[0] = 0x7F800001  # a signalling NaN: its top 16 bits would read as inf
+    expected = BF16Codec().encode(x)
+    with cpu.device_path():
+        code = BF16Codec().encode(torch.from_numpy(x.copy()))
+    np.testing.assert_array_equal(code.numpy(), expected)
+
+
 # -------------------------------------------------------------------- int4
 def int4_adversarial(bucket, seed=0):
     """Buckets that stress the absmax code, each ``bucket`` values (the last one short): level
