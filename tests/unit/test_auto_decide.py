@@ -138,8 +138,9 @@ def test_the_quality_guard_covers_adam_and_momentum_and_keeps_the_8_bit_quantize
     assert guarded_optimizer(mixed) == ("SGD", "momentum")   # any group with momentum
     assert [keeps_recipe_quality(s) for s in ("none", "fp16", "qsgd:levels=127,error_feedback=true", "qsgd:levels=127",
                                               "qsgd:levels=16,error_feedback=true", "topk:density=0.01", "powersgd",
-                                              "int4")] \
-        == [True, True, True, False, False, False, False, False]  # int4: a candidate, unguarded until measured
+                                              "int4", "int4:bucket_size=64", "int4:bits=3", "int4:bucket_size=512",
+                                              "int4:error_feedback=false")] \
+        == [True, True, True, False, False, False, False, True, True, False, False, False]  # int4 as measured
     from horovod_sparse.auto.decide import DEFAULT_CANDIDATES
     assert "int4" in DEFAULT_CANDIDATES
 
