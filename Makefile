@@ -12,9 +12,10 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
 .PHONY: install test demo clean
 
-# one line per step (full output in results/install.log); V=1 or VERBOSE=1 streams everything
+# one line per step (full output in results/install.log); V=1 or VERBOSE=1 streams everything;
+# GPU=1 (or HOROVOD_SPARSE_GPU=1) installs the GPU flavour: CUDA torch, NCCL in Horovod (docs/gpu.md)
 install:
-	@VERBOSE=$(or $(V),$(VERBOSE)) bash scripts/install.sh
+	@VERBOSE=$(or $(V),$(VERBOSE)) HOROVOD_SPARSE_GPU=$(or $(GPU),$(HOROVOD_SPARSE_GPU)) bash scripts/install.sh
 
 test: install
 	$(PYTHON) scripts/run_tests.py

@@ -7,6 +7,9 @@
 #      scripts/build_torchvision.sh says why),
 #   5. this package in editable mode,
 # then checks that `horovodrun --check-build` lists MPI, Gloo, PyTorch and TensorFlow.
+# HOROVOD_SPARSE_GPU=1 (make install GPU=1) installs the GPU flavour (scripts/versions.sh): first
+# checks that the CUDA toolkit is there, then takes torch's CUDA wheel, tensorflow and pip's NCCL,
+# builds Horovod with NCCL operations too, and checks that --check-build lists NCCL as well.
 # A second run with a warm cache takes seconds.
 # It prints one line per step with its time; the full output of every step goes to
 # results/install.log, and a failing step's output is shown in full (scripts/install_steps.sh).
@@ -17,6 +20,11 @@ source scripts/versions.sh
 source scripts/install_steps.sh
 PY=.venv/bin/python
 steps_begin
+
+# -- 0. the CUDA toolkit (GPU flavour only: before anything is downloaded) ----
+if gpu_flavour; then
+    step "CUDA toolkit (nvcc)" cuda_home
+fi
 
 # -- 1. Open MPI -------------------------------------------------------------
 have_mpi() { command -v mpirun && command -v mpicc; }
@@ -35,14 +43,38 @@ step "Open MPI" --skip-if have_mpi install_mpi
 have_venv() { [ -x .venv/bin/python ]; }
 step "virtualenv .venv" --skip-if have_venv python3 -m venv .venv
 
-stamp=.venv/.deps-$(printf '%s' "$TORCH_VERSION $TF_VERSION $TF_KERAS_VERSION $MPI4PY_VERSION $NUMBA_VERSION $(cat requirements-dev.txt)" | sha1sum | cut -c1-12)
+# (the GPU flavour's packages and name join the stamp's key; the CPU flavour's key is as it was)
+stamp_key="$TORCH_VERSION $TF_VERSION $TF_KERAS_VERSION $MPI4PY_VERSION $NUMBA_VERSION $(cat requirements-dev.txt)"
+gpu_flavour && stamp_key+=" $HOROVOD_FLAVOUR ${GPU_PACKAGES[*]}"
+stamp=.venv/.deps-$(printf '%s' "$stamp_key" | sha1sum | cut -c1-12)
 have_deps() { [ -f "$stamp" ]; }
 install_deps() {
     $PY -m pip install -q --upgrade pip setuptools wheel
-    $PY -m pip install -q "torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" \
+    if gpu_flavour; then drop_cpu_wheels; fi
+    $PY -m pip install -q "torch==$TORCH_VERSION" "$TF_PACKAGE==$TF_VERSION" \
         "tf-keras==$TF_KERAS_VERSION" "mpi4py==$MPI4PY_VERSION" \
-        "numba==$NUMBA_VERSION" -r requirements-dev.txt
+        "numba==$NUMBA_VERSION" -r requirements-dev.txt "${GPU_PACKAGES[@]}"
+    if gpu_flavour; then check_torch_cuda; fi
     touch "$stamp"
+}
+# A venv from the CPU flavour holds torch+cpu and tensorflow-cpu, which pip counts as meeting the
+# pins: remove them, and the tensorflow whose files tensorflow-cpu's overwrote, so the GPU wheels go in.
+drop_cpu_wheels() {
+    if $PY -c "import importlib.metadata as m, sys; sys.exit('+cpu' not in m.version('torch'))" 2>/dev/null; then
+        $PY -m pip uninstall -y -q torch
+    fi
+    if $PY -m pip show -q tensorflow-cpu 2>/dev/null; then
+        $PY -m pip uninstall -y -q tensorflow-cpu tensorflow
+    fi
+}
+# pip takes a CPU-only torch where its configuration names one (a find-links folder, the +cpu index)
+check_torch_cuda() {
+    $PY -c "import torch, sys; sys.exit(torch.version.cuda is None)" || {
+        echo "error: torch $($PY -c 'import torch; print(torch.__version__)') has no CUDA (torch.version.cuda is None):"
+        echo "       pip took a CPU-only wheel, from a find-links folder or a +cpu index in its configuration"
+        echo "       (pip config list). Install torch==$TORCH_VERSION from PyPI's default index into .venv, then rerun."
+        return 1
+    }
 }
 label="pinned dependencies into .venv"
 have_deps || label+=" (torch, TensorFlow, ...: several minutes)"
@@ -65,8 +97,9 @@ install_horovod() {
     touch "$horovod_stamp"
 }
 label="Horovod $HOROVOD_VERSION"
+gpu_flavour && label+=" with NCCL"
 if ! have_horovod 2>/dev/null; then
-    if scripts/build_horovod.sh --cached >/dev/null; then label+=" (cached wheel)"
+    if scripts/build_horovod.sh --cached >/dev/null 2>&1; then label+=" (cached wheel)"
     else label+=" (building the wheel: about 8 minutes)"; fi
 fi
 step "$label" --skip-if have_horovod install_horovod
@@ -97,19 +130,25 @@ install_package() {
 step "horovod_sparse (editable)" --skip-if have_package install_package
 
 # -- checks ------------------------------------------------------------------
+# (NCCL, for the GPU flavour, is listed among the tensor operations as [X] NCCL)
+wants=(MPI Gloo PyTorch TensorFlow)
+gpu_flavour && wants+=(NCCL)
 check_build() {
     local check want
     check=$(.venv/bin/horovodrun --check-build)
     echo "$check"
-    for want in MPI Gloo PyTorch TensorFlow; do
+    for want in "${wants[@]}"; do
         grep -q "\[X\] $want" <<<"$check" || {
             echo "error: horovodrun --check-build does not list $want as available"; return 1; }
     done
 }
-step "horovodrun --check-build lists MPI, Gloo, PyTorch, TensorFlow" check_build
+printf -v wanted '%s, ' "${wants[@]}"
+step "horovodrun --check-build lists ${wanted%, }" check_build
 check_torchvision() {
     $PY -c "import torchvision.models; torchvision.models.resnet18(num_classes=10)" || {
         echo "error: torchvision does not import with this torch"; return 1; }
 }
 step "torchvision imports, builds a ResNet-18" check_torchvision
-steps_end "ok: Horovod $HOROVOD_VERSION with MPI, Gloo, PyTorch and TensorFlow, torchvision $tv_want in .venv"
+built="MPI, Gloo, PyTorch and TensorFlow"
+gpu_flavour && built="NCCL (GPU), $built"
+steps_end "ok: Horovod $HOROVOD_VERSION with $built, torchvision $tv_want in .venv"
