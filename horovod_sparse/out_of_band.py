@@ -62,7 +62,25 @@ class OutOfBandCompressorBase:
         return self._comm
 
     def use_communicator(self, comm):
-        """Exchange on ``comm`` from now on; its size is read here, once."""
+        """Exchange on ``comm`` from now on; its size is read here, once. Over Horovod's
+        collectives (a communicator without point-to-point messages: a Gloo or elastic launch)
+        refuses, on every rank alike, what they cannot carry: an exchange that needs
+        point-to-point messages, and a planned schedule (its channel threads would issue
+        Horovod operations in an order that differs between ranks)."""
+        if not getattr(comm, "point_to_point", True):
+            name = self.algorithm.name
+            if getattr(self.algorithm, "point_to_point", False):
+                raise ValueError(
+                    f"{name}: its exchange sends point-to-point messages, which Horovod's collectives "
+                    f"(the transport here: {comm.reason}) cannot carry. Launch through MPI (horovodrun without "
+                    "--gloo, or mpirun), or choose a compressor that exchanges by collectives "
+                    "(topk, gaussiank, dgc and fft with exchange='allgather', the quantizers, powersgd)")
+            schedule = getattr(self, "schedule", "after_backward")
+            if schedule != "after_backward":
+                raise ValueError(
+                    f"{name}: schedule={schedule!r} exchanges on helper threads, which Horovod's collectives "
+                    f"(the transport here: {comm.reason}) cannot order alike on every rank. Use "
+                    "schedule='after_backward', or launch through MPI (horovodrun without --gloo, or mpirun)")
         self._comm, self._world_size = comm, comm.Get_size()
 
     @property
