@@ -40,11 +40,13 @@ def transport(monkeypatch):
     world.forget()
 
 
-def train(spec, steps=STEPS):
+def train(spec, steps=STEPS, **params):
     """``steps`` steps of a small MLP on this rank's own data; the flat parameters (numpy)."""
     torch.manual_seed(5)
     model = nn.Sequential(nn.Linear(48, 48), nn.ReLU(), nn.Linear(48, 24), nn.ReLU(), nn.Linear(24, 4))
-    compression = hvds.Compression.from_spec(spec, **({} if spec.startswith("randomk") else {"dense_below": 0}))
+    if not spec.startswith(("randomk", "auto")):
+        params.setdefault("dense_below", 0)
+    compression = hvds.Compression.from_spec(spec, **params)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                    named_parameters=model.named_parameters(), compression=compression)
     data = torch.Generator().manual_seed(11 + hvd.rank())
@@ -82,6 +84,14 @@ def test_point_to_point_exchanges_are_refused_over_horovods_collectives(spec, tr
                                          r"which Horovod's collectives \(the transport here: "
                                          r"HOROVOD_SPARSE_TRANSPORT=horovod\) cannot carry"):
         train(spec, steps=1)
+    hvd.barrier()
+
+
+@pytest.mark.timeout(60)
+def test_auto_with_a_point_to_point_candidate_is_refused_over_horovods_collectives(transport):
+    transport("horovod")
+    with pytest.raises(ValueError, match=r"^oktopk: its exchange sends point-to-point messages"):
+        train("auto", steps=1, candidates=["fp16", "oktopk:density=0.05"])
     hvd.barrier()
 
 
