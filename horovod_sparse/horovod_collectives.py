@@ -15,7 +15,7 @@ of the buffer, within the communicator's Horovod process set.
   int32/64 natively and other integer types through int64.
 - No point-to-point messages: Horovod has none. ``Isend``, ``Irecv``, ``Send`` and ``Recv``
   raise; compressors whose exchange needs them are refused before their first step
-  (:meth:`horovod_sparse.out_of_band.OutOfBandCompressorBase.use_communicator`).
+  (:func:`horovod_sparse.out_of_band.refuse_what_the_transport_cannot_carry`).
 - One thread at a time: the call counter is the order of calls.
 
 Example::
