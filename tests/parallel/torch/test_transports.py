@@ -3,7 +3,8 @@
 ``horovodrun --gloo`` launch uses; :mod:`horovod_sparse.horovod_collectives`). The same steps
 through the stock ``hvd.DistributedOptimizer`` give bitwise the same parameters under both,
 for every compressor whose exchange is collective: the transport moves the same buffers and
-reduces them in the same order at P = 2. Under Horovod's collectives the compressors that need
+reduces them in the same order at P = 2. At P = 3 Horovod's process sets (ranks 0 and 1, rank 2)
+exchange within themselves over either. Under Horovod's collectives the compressors that need
 point-to-point messages are refused at the first step on every rank.
 """
 import horovod.torch as hvd
@@ -40,7 +41,7 @@ def transport(monkeypatch):
     world.forget()
 
 
-def train(spec, steps=STEPS, **params):
+def train(spec, steps=STEPS, process_set=None, **params):
     """``steps`` steps of a small MLP on this rank's own data; the flat parameters (numpy)."""
     torch.manual_seed(5)
     model = nn.Sequential(nn.Linear(48, 48), nn.ReLU(), nn.Linear(48, 24), nn.ReLU(), nn.Linear(24, 4))
@@ -48,7 +49,8 @@ def train(spec, steps=STEPS, **params):
         params.setdefault("dense_below", 0)
     compression = hvds.Compression.from_spec(spec, **params)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                   named_parameters=model.named_parameters(), compression=compression)
+                                   named_parameters=model.named_parameters(), compression=compression,
+                                   **({} if process_set is None else {"process_set": process_set}))
     data = torch.Generator().manual_seed(11 + hvd.rank())
     try:
         for _ in range(steps):
@@ -74,6 +76,25 @@ def test_both_transports_give_the_same_parameters(spec, transport, assert_identi
     assert np.isfinite(over_mpi).all()
     np.testing.assert_array_equal(over_horovod.view(np.uint32), over_mpi.view(np.uint32))
     assert_identical_across_ranks(over_horovod)
+
+
+@pytest.mark.world_sizes(3)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("spec", ["topk:density=0.05", "qsgd", "powersgd:rank=2"])
+def test_process_sets_over_both_transports(spec, transport, process_sets):
+    """At 3 ranks, ranks 0 and 1 train in one process set and rank 2 in its own, at the same time:
+    over Horovod's collectives each set's exchange runs within the set, as over mpi4py."""
+    mine = next(ps for ps in process_sets if ps.included())
+    transport("mpi")
+    over_mpi = train(spec, process_set=mine)
+    transport("horovod")
+    over_horovod = train(spec, process_set=mine)
+    comm = communicator_of(mine)
+    assert isinstance(comm, HorovodCollectives) and (comm.Get_size(), comm.Get_rank()) == (mine.size(), mine.rank())
+    np.testing.assert_array_equal(over_horovod.view(np.uint32), over_mpi.view(np.uint32))
+    every = np.empty((hvd.size(), over_horovod.size), over_horovod.dtype)
+    MPI.COMM_WORLD.Allgather(over_horovod, every)
+    assert np.array_equal(every[0], every[1])  # the set of ranks 0 and 1 trained one replica
 
 
 @pytest.mark.timeout(60)
