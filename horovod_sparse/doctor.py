@@ -139,15 +139,20 @@ def check_versions(import_tensorflow=False):
     return check("versions", OK, ", ".join(parts + [f"tensorflow {tf}"]))
 
 
-def check_cores(ranks, cores, yields):
+def check_cores(ranks, cores, yields, mpi_waits=True):
     """Ranks on this node against its cores: oversubscribed ranks must yield while they wait
-    in MPI, or each busy-polls a core another rank needs."""
-    setting = "mpi_yield_when_idle=1" if yields else "mpi_yield_when_idle not set"
+    in MPI, or each busy-polls a core another rank needs. ``mpi_waits=False``: no rank waits in
+    MPI (Horovod's Gloo controller, the exchanges over Horovod's collectives), so none busy-polls."""
+    if not mpi_waits:
+        setting = "no rank waits in MPI (Gloo controller, exchanges over Horovod's collectives)"
+    else:
+        setting = "mpi_yield_when_idle=1" if yields else "mpi_yield_when_idle not set"
     found = f"{ranks} rank(s) on this node, {cores} core(s) for them; {setting}"
     if ranks <= cores:
         return check("cores", OK, found)
-    if yields:
-        return check("cores", WARN, found + ": the ranks share cores (they yield, so it runs, slower)",
+    if yields or not mpi_waits:
+        how = "they yield" if mpi_waits else "none busy-polls"
+        return check("cores", WARN, found + f": the ranks share cores ({how}, so it runs, slower)",
                      "launch at most one rank per core for timings that mean something")
     return check("cores", FAIL, found + ": waiting ranks busy-poll the cores others need", YIELD_FIX)
 
@@ -312,7 +317,8 @@ def run(args, out=sys.stdout):
         else:
             ranks, cores = node_ranks_and_cores(comm)
             cores = args.cores or cores
-            core_check = check_cores(ranks, cores, mpi_yields())
+            mpi_waits = hvd.mpi_enabled() or getattr(comm, "point_to_point", True)
+            core_check = check_cores(ranks, cores, mpi_yields(), mpi_waits)
             checks += [core_check, check_threads(ranks, cores)]
             if core_check["status"] == FAIL:  # comm.Allreduce would time the scheduler, not the link
                 checks.append(check("link", WARN, "not measured: the ranks busy-poll shared cores",
