@@ -8,9 +8,10 @@ checks below, and rank 0 prints one line per check: OK, WARN or FAIL, what was f
 for WARN and FAIL the fix. Every rank exits with the same code: 0 when the launch is sound
 (warnings allowed), 1 when a check failed.
 
-- ``world``: mpi4py's world is Horovod's (:mod:`horovod_sparse.world`). Where it is not, each
-  rank learns it alone, no collective runs after it (it could wait forever), and the rest
-  of the report is this rank's only.
+- ``world``: the exchanges' transport among Horovod's ranks (:mod:`horovod_sparse.world`):
+  mpi4py where its world is Horovod's, Horovod's own collectives otherwise (a Gloo launch),
+  and why. Where neither serves, each rank learns it alone, no collective runs after it (it
+  could wait forever), and the rest of the report is this rank's only.
 - ``mpi``, ``horovod``, ``cuda``, ``versions``: what was installed and how it was built.
 - ``cores``: ranks on this node against the cores they may run on; ranks that outnumber
   them must yield while they wait in MPI (Open MPI's ``mpi_yield_when_idle``), or they
@@ -58,8 +59,9 @@ def check(name, status, found, fix=""):
 
 # ----------------------------------------------------------------------- the checks
 def check_world():
-    """Horovod's ranks are mpi4py's (:func:`horovod_sparse.world.horovod_world`): the
-    out-of-band exchanges run there. Returns ``(check, communicator or None)``."""
+    """The communicator the out-of-band exchanges run on (:func:`horovod_sparse.world.horovod_world`):
+    mpi4py's where it maps Horovod's ranks, else Horovod's collectives, with the transport and
+    why. Returns ``(check, communicator or None)``."""
     from horovod_sparse import world
     hvd = world.horovod_frontend()
     try:
@@ -68,11 +70,13 @@ def check_world():
         return check("world", FAIL, str(e).split(". Launch")[0],
                      "launch through MPI: `mpirun -np N ...`, or `horovodrun -np N ...` with Horovod's "
                      "MPI controller (not --gloo, nor elastic mode)"), None
+    if not getattr(comm, "point_to_point", True):
+        return check("world", OK, f"{hvd.size()} rank(s); transport: {comm.transport} ({comm.reason})"), comm
     mpi_size = world.mpi_world().Get_size()
     if hvd.size() == mpi_size:
-        found = f"mpi4py's world is Horovod's: {hvd.size()} rank(s)"
+        found = f"mpi4py's world is Horovod's: {hvd.size()} rank(s); transport: mpi4py"
     else:
-        found = f"Horovod runs on {hvd.size()} of mpi4py's {mpi_size} processes; the exchanges use those"
+        found = f"Horovod runs on {hvd.size()} of mpi4py's {mpi_size} processes; the exchanges use those; transport: mpi4py"
     return check("world", OK, found), comm
 
 
@@ -135,15 +139,20 @@ def check_versions(import_tensorflow=False):
     return check("versions", OK, ", ".join(parts + [f"tensorflow {tf}"]))
 
 
-def check_cores(ranks, cores, yields):
+def check_cores(ranks, cores, yields, mpi_waits=True):
     """Ranks on this node against its cores: oversubscribed ranks must yield while they wait
-    in MPI, or each busy-polls a core another rank needs."""
-    setting = "mpi_yield_when_idle=1" if yields else "mpi_yield_when_idle not set"
+    in MPI, or each busy-polls a core another rank needs. ``mpi_waits=False``: no rank waits in
+    MPI (Horovod's Gloo controller, the exchanges over Horovod's collectives), so none busy-polls."""
+    if not mpi_waits:
+        setting = "no rank waits in MPI (Gloo controller, exchanges over Horovod's collectives)"
+    else:
+        setting = "mpi_yield_when_idle=1" if yields else "mpi_yield_when_idle not set"
     found = f"{ranks} rank(s) on this node, {cores} core(s) for them; {setting}"
     if ranks <= cores:
         return check("cores", OK, found)
-    if yields:
-        return check("cores", WARN, found + ": the ranks share cores (they yield, so it runs, slower)",
+    if yields or not mpi_waits:
+        how = "they yield" if mpi_waits else "none busy-polls"
+        return check("cores", WARN, found + f": the ranks share cores ({how}, so it runs, slower)",
                      "launch at most one rank per core for timings that mean something")
     return check("cores", FAIL, found + ": waiting ranks busy-poll the cores others need", YIELD_FIX)
 
@@ -268,17 +277,27 @@ def _param_in_file(path, name):
 def node_ranks_and_cores(comm):
     """``(ranks on this node, cores they may run on)``: the union of the node's ranks' CPU
     affinities (ranks bound to one core each still have the node's cores between them).
-    Collective over ``comm``."""
+    Collective over ``comm``; over Horovod's collectives, the node's ranks are Horovod's
+    ``local_size()`` and the cores the union over every rank's."""
     from mpi4py import MPI
+    if not hasattr(comm, "Split_type"):  # Horovod's collectives: no shared-memory split
+        from horovod_sparse import world
+        return world.horovod_frontend().local_size(), _union_of_cores(comm)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        mine = np.zeros(os.cpu_count() or 1, np.uint8)
-        mine[[c for c in os.sched_getaffinity(0) if c < mine.size]] = 1
-        union = np.empty_like(mine)
-        node.Allreduce(mine, union, op=MPI.MAX)
-        return node.Get_size(), int(union.sum())
+        return node.Get_size(), _union_of_cores(node)
     finally:
         node.Free()
+
+
+def _union_of_cores(comm):
+    """How many cores the ranks of ``comm`` may run on between them (one Allreduce MAX)."""
+    from mpi4py import MPI
+    mine = np.zeros(os.cpu_count() or 1, np.uint8)
+    mine[[c for c in os.sched_getaffinity(0) if c < mine.size]] = 1
+    union = np.empty_like(mine)
+    comm.Allreduce(mine, union, op=MPI.MAX)
+    return int(union.sum())
 
 
 # ------------------------------------------------------------------------ the report
@@ -298,7 +317,8 @@ def run(args, out=sys.stdout):
         else:
             ranks, cores = node_ranks_and_cores(comm)
             cores = args.cores or cores
-            core_check = check_cores(ranks, cores, mpi_yields())
+            mpi_waits = hvd.mpi_enabled() or getattr(comm, "point_to_point", True)
+            core_check = check_cores(ranks, cores, mpi_yields(), mpi_waits)
             checks += [core_check, check_threads(ranks, cores)]
             if core_check["status"] == FAIL:  # comm.Allreduce would time the scheduler, not the link
                 checks.append(check("link", WARN, "not measured: the ranks busy-poll shared cores",

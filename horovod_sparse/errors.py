@@ -32,8 +32,9 @@ class NonFiniteGradientError(ExchangeError):
 
 class HorovodWorldError(RuntimeError):
     """Horovod's ranks cannot be mapped onto one MPI job's processes, so the exchanges over
-    mpi4py cannot run among them. Raised on every rank of the Horovod job.
+    mpi4py cannot run among them, and Horovod's own collectives cannot carry them either
+    (TensorFlow, or ``HOROVOD_SPARSE_TRANSPORT=mpi``). Raised on every rank of the Horovod job.
 
-    Example: ``horovodrun --gloo -np 2 python train.py`` with a ``topk`` compressor raises it
-    at the first step, on both ranks.
+    Example: ``horovodrun --gloo -np 2 python train.py`` with a TensorFlow ``topk`` compressor
+    raises it at the first step, on both ranks (a PyTorch one trains over Horovod's collectives).
     """

@@ -27,6 +27,32 @@ def ring_bytes(payload_bytes, world_size):
     return 0 if world_size <= 1 else 2 * (world_size - 1) * payload_bytes / world_size
 
 
+def refuse_what_the_transport_cannot_carry(comm, algorithms, schedule="after_backward"):
+    """Over Horovod's collectives (``comm`` without point-to-point messages: a Gloo or elastic
+    launch, or ``HOROVOD_SPARSE_TRANSPORT=horovod``) raise ValueError, naming the compressor, for
+    an exchange among ``algorithms`` that sends point-to-point messages, or a planned
+    ``schedule`` (its channel threads would issue Horovod operations in an order that differs
+    between ranks). Local, and the same on every rank: all raise, before any exchange.
+
+    Example: ``refuse_what_the_transport_cannot_carry(comm, [horovod_sparse.create("gtopk")])``
+    raises under ``horovodrun --gloo``.
+    """
+    if getattr(comm, "point_to_point", True):
+        return
+    for algorithm in algorithms:
+        if getattr(algorithm, "point_to_point", False):
+            raise ValueError(
+                f"{algorithm.name}: its exchange sends point-to-point messages, which Horovod's collectives "
+                f"(the transport here: {comm.reason}) cannot carry. Launch through MPI (horovodrun without "
+                "--gloo, or mpirun), or choose a compressor that exchanges by collectives "
+                "(topk, gaussiank, dgc and fft with exchange='allgather', the quantizers, powersgd)")
+    if schedule != "after_backward":
+        raise ValueError(
+            f"{', '.join(a.name for a in algorithms)}: schedule={schedule!r} exchanges on helper threads, which "
+            f"Horovod's collectives (the transport here: {comm.reason}) cannot order alike on every rank. Use "
+            "schedule='after_backward', or launch through MPI (horovodrun without --gloo, or mpirun)")
+
+
 class OutOfBandCompressorBase:
     """State shared by the frontends' sparse compressors.
 
@@ -62,7 +88,12 @@ class OutOfBandCompressorBase:
         return self._comm
 
     def use_communicator(self, comm):
-        """Exchange on ``comm`` from now on; its size is read here, once."""
+        """Exchange on ``comm`` from now on; its size is read here, once. Over Horovod's
+        collectives (a communicator without point-to-point messages: a Gloo or elastic launch)
+        refuses, on every rank alike, what they cannot carry: an exchange that needs
+        point-to-point messages, and a planned schedule (its channel threads would issue
+        Horovod operations in an order that differs between ranks)."""
+        refuse_what_the_transport_cannot_carry(comm, [self.algorithm], getattr(self, "schedule", "after_backward"))
         self._comm, self._world_size = comm, comm.Get_size()
 
     @property

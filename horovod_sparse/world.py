@@ -13,8 +13,16 @@ world only when Horovod was initialised on all of it, in its order (``hvd.init()
 
 :func:`horovod_world` is a private communicator of exactly Horovod's ranks (its rank r is
 ``hvd.rank()`` r), made once; :func:`process_set_communicator` the same for a Horovod process
-set. Where Horovod's ranks are not the processes of one MPI job, every rank raises
-:class:`HorovodWorldError`, which says how to launch instead; no exchange runs on a wrong world.
+set. Where Horovod's ranks are not the processes of one MPI job, the PyTorch frontend's
+communicator is a :class:`~horovod_sparse.horovod_collectives.HorovodCollectives`: the same
+calls, carried by Horovod's own collectives. Where that cannot serve either (TensorFlow),
+every rank raises :class:`HorovodWorldError`, which says how to launch instead; no exchange
+runs on a wrong world.
+
+The transport: ``HOROVOD_SPARSE_TRANSPORT`` (:func:`transport_setting`) is ``auto`` (default:
+mpi4py where it maps Horovod's world, Horovod's collectives otherwise), ``mpi`` (mpi4py or
+HorovodWorldError) or ``horovod`` (Horovod's collectives, under mpirun too: how the two are
+compared on one launch). Every rank of a job must see the same value.
 
 Example::
 
@@ -36,7 +44,24 @@ FRONTENDS = ("horovod.torch", "horovod.tensorflow")
 #: environment variables naming the MPI job a process belongs to (the same on all its ranks)
 JOB_VARIABLES = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "PMI_JOBID")
 
+#: the environment variable that picks the exchanges' transport, and its values
+TRANSPORT_VARIABLE = "HOROVOD_SPARSE_TRANSPORT"
+TRANSPORTS = ("auto", "mpi", "horovod")
+
 _COMMS = {}  # (frontend or "mpi", Horovod ranks of the set or None) -> communicator
+
+
+def transport_setting(environ=None):
+    """``HOROVOD_SPARSE_TRANSPORT``, lower-cased: ``"auto"`` (also where unset), ``"mpi"`` or
+    ``"horovod"``; ValueError for anything else (the same on every rank of a job).
+
+    Example: ``HOROVOD_SPARSE_TRANSPORT=horovod mpirun -np 2 python train.py`` exchanges over
+    Horovod's collectives although mpi4py maps Horovod's world.
+    """
+    value = (os.environ if environ is None else environ).get(TRANSPORT_VARIABLE, "").strip().lower() or "auto"
+    if value not in TRANSPORTS:
+        raise ValueError(f"{TRANSPORT_VARIABLE} must be one of {TRANSPORTS}, got {value!r}")
+    return value
 
 
 def mpi_world():
@@ -65,17 +90,18 @@ def horovod_frontend():
 
 
 def horovod_world():
-    """A private mpi4py communicator of exactly Horovod's ranks, rank r being ``hvd.rank()`` r;
-    without an initialised Horovod, a duplicate of ``COMM_WORLD``. Made once (collective over
-    Horovod's ranks, the first time only); :class:`HorovodWorldError` on every rank where
-    Horovod's ranks are not processes of this MPI job.
+    """A private communicator of exactly Horovod's ranks, rank r being ``hvd.rank()`` r, on the
+    transport :func:`transport_setting` picks: mpi4py's, or Horovod's collectives (PyTorch) where
+    Horovod's ranks are not processes of this MPI job; without an initialised Horovod, a
+    duplicate of ``COMM_WORLD``. Made once (collective over Horovod's ranks, the first time
+    only); :class:`HorovodWorldError` on every rank where neither transport serves.
 
     Example: ``horovod_world().Get_size() == hvd.size()``.
     """
     hvd = horovod_frontend()
     key = (_name(hvd), None)
     if key not in _COMMS:
-        _COMMS[key] = mpi_world().Dup() if hvd is None else _world_of(hvd)
+        _COMMS[key] = mpi_world().Dup() if hvd is None else _chosen(hvd, None, lambda: _world_of(hvd))
     return _COMMS[key]
 
 
@@ -97,11 +123,12 @@ def process_set_communicator(process_set=None):
         world = _COMMS.get((_name(hvd), None))
         if hvd is None:
             _COMMS[key] = _create(mpi_world(), ranks)
+        elif world is not None and not getattr(world, "point_to_point", True):  # Horovod's collectives
+            _COMMS[key] = _collectives(hvd, process_set, world.reason)
         elif world is not None:
             _COMMS[key] = _create(world, ranks)
         else:  # Horovod's world is not mapped yet, and only the set's ranks are here: ask Horovod over the set
-            _refuse_larger_than_mpi(hvd)
-            _COMMS[key] = _create(mpi_world(), _mpi_ranks(hvd, process_set, len(ranks)))
+            _COMMS[key] = _chosen(hvd, process_set, lambda: _set_of(hvd, process_set, len(ranks)))
     return _COMMS[key]
 
 
@@ -115,12 +142,47 @@ def forget():
     from mpi4py import MPI
     while _COMMS:
         _, comm = _COMMS.popitem()
-        if comm != MPI.COMM_NULL:
+        if comm is not MPI.COMM_NULL and comm != MPI.COMM_NULL:
             comm.Free()
 
 
 def _name(hvd):
     return "mpi" if hvd is None else hvd.__name__
+
+
+def _chosen(hvd, process_set, mpi_communicator):
+    """The transport's communicator of the set's ranks (None: Horovod's world): mpi4py's
+    (``mpi_communicator()``) unless ``HOROVOD_SPARSE_TRANSPORT`` is ``horovod``, or is ``auto``
+    and mpi4py cannot map Horovod's ranks (HorovodWorldError, raised on every rank alike);
+    then Horovod's collectives."""
+    transport = transport_setting()
+    if transport == "horovod":
+        return _collectives(hvd, process_set, f"{TRANSPORT_VARIABLE}=horovod")
+    try:
+        return mpi_communicator()
+    except HorovodWorldError as error:
+        if transport == "mpi":
+            raise HorovodWorldError(f"{error} ({TRANSPORT_VARIABLE}=mpi)") from None
+        why = "gloo launch" if hvd.gloo_enabled() else "Horovod's ranks are not one MPI job's"
+        return _collectives(hvd, process_set, why, error)
+
+
+def _collectives(hvd, process_set, reason, error=None):
+    """Horovod's collectives among the set's ranks (PyTorch); for TensorFlow, ``error`` (or a
+    HorovodWorldError saying so) on every rank."""
+    if hvd.__name__ != "horovod.torch":
+        cause = f"{TRANSPORT_VARIABLE}=horovod" if error is None else str(error)
+        raise HorovodWorldError(
+            f"{cause}. Horovod's collectives carry the exchanges of PyTorch's frontend (horovod.torch) only: "
+            "TensorFlow does not train under Gloo or elastic launches yet")
+    from horovod_sparse.horovod_collectives import HorovodCollectives
+    return HorovodCollectives(hvd, process_set, reason)
+
+
+def _set_of(hvd, process_set, count):
+    """The set's ranks as an mpi4py communicator, when Horovod's world is not mapped yet."""
+    _refuse_larger_than_mpi(hvd)
+    return _create(mpi_world(), _mpi_ranks(hvd, process_set, count))
 
 
 def _world_of(hvd):

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Runs the whole test suite: single-process unit tests, then each parallel group under
-``mpirun -np N`` for every N of the group (the way Horovod's own test/parallel runs).
+``mpirun -np N`` for every N of the group (the way Horovod's own test/parallel runs); the
+``gloo`` group under ``horovodrun --gloo -np N`` instead.
 
 A failure on any rank fails the run. Every mpirun has a wall-clock bound on top of
 pytest-timeout's per-test bound, so nothing hangs. The last line is the total over
@@ -11,6 +12,7 @@ Usage: python scripts/run_tests.py [--groups unit torch ...] [-k EXPR]
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +37,10 @@ PARALLEL_GROUPS = {
     "scale": [8, 16],  # the exchange on recorded selections at high P only (a few short tests)
 }
 MPIRUN_WALL_SECONDS = 900
+# groups launched by ``horovodrun --gloo`` instead of mpirun (Horovod's ranks are not one MPI job's:
+# the exchanges run over Horovod's collectives), with their process counts and wall-clock bound
+HOROVODRUN_GROUPS = {"gloo": [2]}
+HOROVODRUN_WALL_SECONDS = 240
 
 MPI_ENV = {
     # Open MPI refuses root without these; CI and the users' containers run as root.
@@ -78,6 +84,29 @@ def run_parallel(group, np_, results, extra):
     return rc, sorted(logdir.glob("rank*.xml"))
 
 
+def run_horovodrun(group, np_, results, extra):
+    """The group under ``horovodrun --gloo -np N`` on this host, with the same environment and
+    per-rank logs as :func:`run_parallel`; on timeout the whole process group is killed."""
+    logdir = results / f"{group}-np{np_}"
+    logdir.mkdir(parents=True)
+    cmd = [str(Path(PYTHON).parent / "horovodrun"), "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
+           "tests/mpi_rank.sh", str(logdir), PYTHON, "-m", "pytest", f"tests/parallel/{group}", "-q", *extra]
+    print(f"\n$ {' '.join(cmd)}", flush=True)
+    process = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **MPI_ENV}, start_new_session=True)
+    try:
+        rc = process.wait(timeout=HOROVODRUN_WALL_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        print(f"error: horovodrun -np {np_} {group} exceeded {HOROVODRUN_WALL_SECONDS}s and was killed", flush=True)
+        rc = 124
+    if rc != 0:
+        for log in sorted(logdir.glob("rank*.log")):
+            print(f"\n----- {group} np={np_} {log.name} (last 60 lines) -----")
+            print("\n".join(log.read_text(errors="replace").splitlines()[-60:]))
+    return rc, sorted(logdir.glob("rank*.xml"))
+
+
 def outcomes(junit_files):
     """{test id: worst outcome over the given ranks' JUnit files}."""
     rank_order = {"passed": 0, "skipped": 1, "failed": 2}
@@ -98,8 +127,8 @@ def outcomes(junit_files):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--groups", nargs="+", default=["unit", *PARALLEL_GROUPS],
-                        choices=["unit", *PARALLEL_GROUPS])
+    parser.add_argument("--groups", nargs="+", default=["unit", *PARALLEL_GROUPS, *HOROVODRUN_GROUPS],
+                        choices=["unit", *PARALLEL_GROUPS, *HOROVODRUN_GROUPS])
     parser.add_argument("--np", type=int, nargs="+", help="only these process counts")
     parser.add_argument("-k", help="pytest -k expression")
     parser.add_argument("--results", type=Path, default=ROOT / "results" / "tests",
@@ -116,9 +145,10 @@ def main():
     for group in args.groups:
         if group != "unit" and not any((ROOT / "tests" / "parallel" / group).glob("test_*.py")):
             continue
+        launch = run_horovodrun if group in HOROVODRUN_GROUPS else run_parallel
+        counts = HOROVODRUN_GROUPS.get(group) or PARALLEL_GROUPS.get(group, [])
         runs = [(None, *run_unit(results, extra))] if group == "unit" else [
-            (np_, *run_parallel(group, np_, results, extra))
-            for np_ in PARALLEL_GROUPS[group] if not args.np or np_ in args.np]
+            (np_, *launch(group, np_, results, extra)) for np_ in counts if not args.np or np_ in args.np]
         for np_, rc, junit in runs:
             label = group if np_ is None else f"{group} -np {np_}"
             merged = outcomes(junit)

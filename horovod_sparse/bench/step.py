@@ -426,6 +426,12 @@ class StepBench:
         from horovod_sparse.agreement import max_over_ranks
         return max_over_ranks(self.comm, values)
 
+    def gather_verdicts(self, error, digest):
+        """Every rank's ``(error, digest)``, as text in buffers, not pickles: Horovod's collectives
+        (a Gloo launch, ``HOROVOD_SPARSE_TRANSPORT=horovod``) carry them too."""
+        from horovod_sparse.agreement import allgather_text
+        return [tuple(json.loads(t)) for t in allgather_text(self.comm, json.dumps([error, digest]))]
+
     def make_compression(self, spec):
         if is_horovod_spec(spec):
             return getattr(self.hvd.Compression, HOROVOD_COMPRESSORS[spec])
@@ -574,7 +580,7 @@ class StepBench:
                     # hooks until the cycle collector runs: free them now (at P = 4, 12 runs of a
                     # 117 MB model grew a rank past 6 GB here), so no run pays for the one before
                     gc.collect()
-                    verdicts = self.comm.allgather((error, digest))
+                    verdicts = self.gather_verdicts(error, digest)
                 finally:
                     watchdog.cancel()
                 errors = [e for e, _ in verdicts]

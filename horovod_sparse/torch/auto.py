@@ -47,6 +47,7 @@ from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_
 from horovod_sparse.layout import key_order
 from horovod_sparse.nonfinite import raise_with_hint
 from horovod_sparse.ops.namespace import host_shortcut_allowed
+from horovod_sparse.out_of_band import refuse_what_the_transport_cannot_carry
 from horovod_sparse.step.bucket import Bucket
 from horovod_sparse.step.profiling import fit_exchange_cost, probe_lengths
 from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum, probe_scale
@@ -141,6 +142,7 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
                          process_sets=True)
             self._process_set = caller_process_set()
             self._comm = communicator_of(self._process_set)
+            refuse_what_the_transport_cannot_carry(self._comm, self.algorithms.values())
             self._world_size = self._comm.Get_size()  # read once: decompress makes no MPI call (out_of_band.py)
             check_same_on_every_rank(self.settings(), self._comm, "auto settings")
         if self._step_finished:

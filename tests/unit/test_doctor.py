@@ -86,3 +86,5 @@ def test_the_cores_check_fails_only_where_waiting_ranks_busy_poll():
     assert doctor.check_cores(3, 2, yields=True)["status"] == doctor.WARN
     failed = doctor.check_cores(3, 2, yields=False)
     assert failed["status"] == doctor.FAIL and "--mca mpi_yield_when_idle 1" in failed["fix"]
+    gloo = doctor.check_cores(3, 2, yields=False, mpi_waits=False)  # horovodrun --gloo: no MPI wait to yield
+    assert gloo["status"] == doctor.WARN and "no rank waits in MPI" in gloo["found"]

@@ -1,9 +1,10 @@
 """``horovod-sparse doctor`` where Horovod's world is not all of mpi4py's, in process at
 ``mpirun -np 4``: Horovod runs for real on the scenario's world (:mod:`world_scenarios`), the
-doctor finds it initialised and checks it. A launch the package cannot map (mpi4py's world
-each process alone, as ``horovodrun --gloo`` gives; ranks of different MPI jobs) exits 1 on
-every rank with the launch to use, and runs no collective after the world check; Horovod on
-a part of mpi4py's world is a sound launch.
+doctor finds it initialised and checks it. A launch mpi4py cannot map (mpi4py's world each
+process alone, as ``horovodrun --gloo`` gives; ranks of different MPI jobs) is sound over
+Horovod's collectives, which the report names as the transport; with
+``HOROVOD_SPARSE_TRANSPORT=mpi`` it exits 1 on every rank with the launch to use, and runs no
+collective after the world check. Horovod on a part of mpi4py's world is a sound launch.
 
 Simulated as in test_unsupported_launch.py: the world module is shown COMM_SELF as mpi4py's
 world, or another MPI job name per process.
@@ -40,6 +41,7 @@ def judge():
 def test_doctor_fails_on_every_rank_where_mpi4py_world_is_each_process_alone(monkeypatch, judge):
     init_world(hvd, "reversed 4")
     horovod_world.forget()
+    monkeypatch.setenv("HOROVOD_SPARSE_TRANSPORT", "mpi")
     monkeypatch.setattr(horovod_world, "mpi_world", lambda: MPI.COMM_SELF)
     code, out, codes = doctor(judge)
     assert codes == [1, 1, 1, 1]
@@ -55,9 +57,27 @@ def test_doctor_fails_on_every_rank_where_mpi4py_world_is_each_process_alone(mon
 
 
 @pytest.mark.timeout(90)
+def test_doctor_passes_over_horovods_collectives_where_mpi4py_world_is_each_process_alone(monkeypatch, judge):
+    init_world(hvd, "reversed 4")
+    horovod_world.forget()
+    monkeypatch.setattr(horovod_world, "mpi_world", lambda: MPI.COMM_SELF)
+    try:
+        code, out, codes = doctor(judge)
+    finally:
+        monkeypatch.undo()
+        horovod_world.forget()
+    assert codes == [0, 0, 0, 0], out
+    if hvd.rank() == 0:
+        assert "OK    world     4 rank(s); transport: Horovod's collectives (Horovod's ranks are not one MPI " \
+               "job's)" in out, out
+        assert "OK    link      allreduce over 4 ranks" in out and "launch is sound" in out
+
+
+@pytest.mark.timeout(90)
 def test_doctor_fails_on_every_rank_where_horovod_ranks_are_of_different_mpi_jobs(monkeypatch, judge):
     init_world(hvd, "split 2+2")
     horovod_world.forget()
+    monkeypatch.setenv("HOROVOD_SPARSE_TRANSPORT", "mpi")
     monkeypatch.setenv("PMIX_NAMESPACE", f"job-{CW.Get_rank()}")
     code, out, codes = doctor(judge)
     assert codes == [1, 1, 1, 1]

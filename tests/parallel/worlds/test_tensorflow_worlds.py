@@ -115,3 +115,25 @@ def test_topk_sums_over_its_world(world):
     finally:
         oracle.close()
         compression.close()
+
+
+@pytest.mark.parametrize("transport", ["auto", "horovod"])
+def test_tensorflow_refuses_horovods_collectives_on_every_rank(transport, monkeypatch):
+    """Horovod's collectives carry PyTorch's exchanges only: where mpi4py's world is each process
+    alone (simulated, as a Gloo launch gives), or the transport is forced to Horovod's, every
+    TensorFlow rank raises HorovodWorldError saying so."""
+    from mpi4py import MPI
+
+    from horovod_sparse import world as horovod_world_module
+    from horovod_sparse.world import HorovodWorldError
+    init_world(hvd, "split 2+2")
+    horovod_world_module.forget()
+    monkeypatch.setenv("HOROVOD_SPARSE_TRANSPORT", transport)
+    if transport == "auto":
+        monkeypatch.setattr(horovod_world_module, "mpi_world", lambda: MPI.COMM_SELF)
+    try:
+        with pytest.raises(HorovodWorldError, match="TensorFlow does not train under Gloo or elastic launches yet"):
+            horovod_world()
+    finally:
+        monkeypatch.undo()
+        horovod_world_module.forget()

@@ -1,0 +1,238 @@
+"""A communicator that exchanges over Horovod's own collectives instead of MPI.
+
+Under ``horovodrun --gloo`` (and elastic, Spark, Ray launches) mpi4py's world is each
+process alone, but Horovod's collectives run among all of Horovod's ranks.
+:class:`HorovodCollectives` offers the part of mpi4py's ``Comm`` that the package's
+out-of-band exchanges use (buffer-based, uppercase calls on host numpy arrays) and carries
+each call with one Horovod collective of ``horovod.torch`` on a ``torch.from_numpy`` view
+of the buffer, within the communicator's Horovod process set.
+
+- Horovod matches operations across ranks by name: every call gets the name
+  ``<prefix>.<call number>``, so the same program order on every rank gives the same names.
+  ``Dup()`` is a new prefix (``<prefix>.<dup number>``) and no collective.
+- Buffers only, never pickled objects. Every buffer moves as its bytes (``uint8``), so any
+  dtype travels, structured ones included; ``Allreduce`` reduces float16/32/64 and
+  int32/64 natively and other integer types through int64.
+- No point-to-point messages: Horovod has none. ``Isend``, ``Irecv``, ``Send`` and ``Recv``
+  raise; compressors whose exchange needs them are refused before their first step
+  (:func:`horovod_sparse.out_of_band.refuse_what_the_transport_cannot_carry`).
+- One thread at a time: the call counter is the order of calls.
+
+Example::
+
+    import horovod.torch as hvd
+    hvd.init()                                    # horovodrun --gloo -np 2 ...
+    comm = HorovodCollectives(hvd)
+    every = np.empty((comm.Get_size(), 2), np.int64)
+    comm.Allgather(np.array([comm.Get_rank(), 7]), every)   # [[0, 7], [1, 7]] on every rank
+"""
+import numpy as np
+
+#: what :attr:`HorovodCollectives.transport` says
+TRANSPORT = "Horovod's collectives"
+#: dtypes Horovod's allreduce reduces as they are
+_REDUCED_AS_IS = (np.float16, np.float32, np.float64, np.int32, np.int64)
+
+
+class HorovodCollectives:
+    """mpi4py's ``Comm`` calls of the package, carried by Horovod's collectives.
+
+    Args:
+        hvd: the initialised ``horovod.torch`` module.
+        process_set: the Horovod process set (None: all of Horovod's ranks); ranks are the set's.
+        reason: why this transport runs (the doctor prints it), e.g. ``"gloo launch"``.
+        prefix: the root of the operations' names (the same on every rank).
+    """
+
+    #: no Isend/Irecv/Send/Recv (the compressors that need them check this)
+    point_to_point = False
+    transport = TRANSPORT
+
+    def __init__(self, hvd, process_set=None, reason="", prefix=None):
+        import torch  # late: the module is importable without torch
+        self._hvd, self._torch = hvd, torch
+        self._set = hvd.global_process_set if process_set is None else process_set
+        self._ranks = list(range(hvd.size())) if process_set is None else [int(r) for r in process_set.ranks]
+        self.rank = hvd.rank() if process_set is None else self._set.rank()
+        self.size = len(self._ranks)
+        self.reason = reason
+        self._prefix = f"horovod_sparse.{self._set.process_set_id}" if prefix is None else prefix
+        self._calls = self._dups = 0
+        self._freed = False
+
+    def __repr__(self):
+        return f"HorovodCollectives(rank {self.rank} of {self.size}, {self._prefix!r})"
+
+    # -------------------------------------------------------------- mpi4py's Comm
+    def Get_size(self):
+        return self.size
+
+    def Get_rank(self):
+        return self.rank
+
+    def Dup(self):
+        """A communicator of the same ranks whose operations never match this one's."""
+        self._dups += 1
+        return HorovodCollectives(self._hvd, None if self._set is self._hvd.global_process_set else self._set,
+                                  self.reason, f"{self._prefix}.{self._dups}")
+
+    def Free(self):
+        self._freed = True
+
+    def Barrier(self):
+        self._allreduce(self._torch.zeros(1, dtype=self._torch.int32), self._hvd.Sum)
+
+    def Bcast(self, buf, root=0):
+        data = _bytes_of(buf)
+        if data.size:  # the same size on every rank, as in MPI
+            received = self._run(self._hvd.broadcast_async(self._tensor(data), self._ranks[root],
+                                                           name=self._name(), process_set=self._set))
+            _write(buf, received.numpy())
+
+    def Allgather(self, sendbuf, recvbuf):
+        data = _bytes_of(sendbuf)
+        if data.size:
+            _write(recvbuf, self._allgather(data))
+
+    def Allgatherv(self, sendbuf, recvbuf):
+        """``recvbuf``: ``(buf, counts)`` or ``[buf, (counts, displs)]``, in elements of ``buf``."""
+        buf, counts, displs = _spec(recvbuf)
+        if sum(counts):  # counts are the same on every rank
+            _place(buf, self._allgather(_bytes_of(sendbuf)), counts, displs)
+
+    def Allreduce(self, sendbuf, recvbuf, op=None):
+        """``op``: mpi4py's ``MPI.SUM`` (the default), ``MAX``, ``MIN`` or ``PROD``."""
+        send = np.ascontiguousarray(sendbuf)
+        if send.dtype.type in _REDUCED_AS_IS:
+            result = self._allreduce(self._tensor(send.reshape(-1)), self._op(op))
+        elif send.dtype.kind in "biu" and send.dtype.itemsize < 8:
+            result = self._allreduce(self._tensor(send.reshape(-1).astype(np.int64)), self._op(op))
+        else:
+            raise TypeError(f"HorovodCollectives.Allreduce: Horovod reduces no {send.dtype}")
+        recv = np.asarray(recvbuf)
+        recv[...] = result.numpy().reshape(recv.shape)  # back to its dtype (int64 -> int8 ...)
+
+    def Alltoall(self, sendbuf, recvbuf):
+        data = _bytes_of(sendbuf)
+        block = data.size // self.size
+        _write(recvbuf, self._alltoall(data, [block] * self.size))
+
+    def Alltoallv(self, sendbuf, recvbuf):
+        """Both ``[buf, (counts, displs)]`` (or ``(buf, counts)``), in elements of their buffers."""
+        send, send_counts, send_displs = _spec(sendbuf)
+        recv, recv_counts, recv_displs = _spec(recvbuf)
+        item = np.asarray(send).dtype.itemsize
+        packed = _packed_bytes(send, send_counts, send_displs)
+        _place(recv, self._alltoall(packed, [c * item for c in send_counts]), recv_counts, recv_displs)
+
+    def Gatherv(self, sendbuf, recvbuf, root=0):
+        """``recvbuf`` at ``root``: ``(buf, counts)``; elsewhere ignored (None)."""
+        data = _bytes_of(sendbuf)
+        received = self._alltoall(data, [data.size if r == root else 0 for r in range(self.size)])
+        if self.rank == root:
+            buf, counts, displs = _spec(recvbuf)
+            _place(buf, received, counts, displs)
+
+    def Scatterv(self, sendbuf, recvbuf, root=0):
+        """``sendbuf`` at ``root``: ``(buf, counts)``; elsewhere ignored (None)."""
+        if self.rank == root:
+            buf, counts, displs = _spec(sendbuf)
+            item = np.asarray(buf).dtype.itemsize
+            data, splits = _packed_bytes(buf, counts, displs), [c * item for c in counts]
+        else:
+            data, splits = np.empty(0, np.uint8), [0] * self.size
+        _write(recvbuf, self._alltoall(data, splits))
+
+    def Isend(self, *args, **kwargs):
+        raise NotImplementedError(_NO_POINT_TO_POINT)
+
+    Irecv = Send = Recv = Isend
+
+    # ------------------------------------------------------------------- Horovod
+    def _name(self):
+        if self._freed:
+            raise RuntimeError(f"{self!r} was freed")
+        self._calls += 1
+        return f"{self._prefix}.{self._calls}"
+
+    def _tensor(self, array):
+        if not array.flags.writeable:  # torch.from_numpy warns on read-only memory
+            array = array.copy()
+        return self._torch.from_numpy(array)
+
+    def _run(self, handle):
+        return self._hvd.synchronize(handle)
+
+    def _allreduce(self, tensor, op):
+        return self._run(self._hvd.allreduce_async(tensor, name=self._name(), op=op, process_set=self._set))
+
+    def _allgather(self, data):
+        return self._run(self._hvd.allgather_async(self._tensor(data), name=self._name(),
+                                                   process_set=self._set)).numpy()
+
+    def _alltoall(self, data, splits):
+        splits = self._torch.tensor(splits, dtype=self._torch.int32)
+        output, _ = self._run(self._hvd.alltoall_async(self._tensor(data), splits, name=self._name(),
+                                                       process_set=self._set))
+        return output.numpy()
+
+    def _op(self, op):
+        from mpi4py import MPI  # the ops are mpi4py's, as the callers pass them
+        hvd = self._hvd
+        for mpi_op, ours in ((MPI.SUM, hvd.Sum), (MPI.MAX, hvd.Max), (MPI.MIN, hvd.Min), (MPI.PROD, hvd.Product)):
+            if op is None or op == mpi_op:
+                return ours
+        raise ValueError(f"HorovodCollectives.Allreduce: no Horovod reduction for {op!r}")
+
+
+_NO_POINT_TO_POINT = ("Horovod's collectives carry no point-to-point messages (Isend/Irecv/Send/Recv): this "
+                      "exchange needs a launch through MPI (horovodrun without --gloo, or mpirun)")
+
+
+def _spec(spec):
+    """``(buf, counts)`` or ``[buf, (counts, displs)]`` -> ``(buf, counts, displs)`` (ints,
+    elements of ``buf``; displs packed one after the other where not given)."""
+    buf, layout = spec[0], spec[1]
+    if len(layout) == 2 and not np.isscalar(layout[0]):
+        counts, displs = layout
+    else:
+        counts, displs = layout, None
+    counts = [int(c) for c in counts]
+    if displs is None:
+        displs = np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)]).tolist() if counts else []
+    return buf, counts, [int(d) for d in displs]
+
+
+def _bytes_of(array):
+    """A contiguous array's bytes, flat (no copy where it is contiguous)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def _write(buf, data):
+    """``data`` (bytes) into the array ``buf``, in place."""
+    target = np.asarray(buf)
+    if target.flags.c_contiguous:
+        target.reshape(-1).view(np.uint8)[...] = data
+    else:
+        target[...] = data.view(target.dtype).reshape(target.shape)
+
+
+def _packed_bytes(buf, counts, displs):
+    """The blocks of ``buf`` at ``displs`` (``counts`` elements each), one after the other, as bytes."""
+    flat = np.ascontiguousarray(buf).reshape(-1)
+    if displs == np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)]).tolist()[:len(counts)]:
+        return flat[:sum(counts)].view(np.uint8)
+    return np.concatenate([flat[d:d + c] for c, d in zip(counts, displs)]).view(np.uint8)
+
+
+def _place(buf, data, counts, displs):
+    """Received blocks (bytes, one after the other, ``counts`` elements each) into ``buf`` at ``displs``."""
+    target = np.asarray(buf)
+    if not target.flags.c_contiguous:
+        raise ValueError("HorovodCollectives: a receive buffer with displacements must be contiguous")
+    target = target.reshape(-1)
+    values = data.view(target.dtype)
+    start = 0
+    for count, displ in zip(counts, displs):
+        target[displ:displ + count] = values[start:start + count]
+        start += count
