@@ -29,8 +29,8 @@ PARALLEL_GROUPS = {
     "quantize": [2, 3, 4],
     # The frontends over those exchanges: their tests run at fewer counts than the group is launched
     # at unless they mark other counts (each group's conftest; tests/parallel/world_sizes.py): torch at
-    # 2 and 3 (4 for the demo's convergence), TensorFlow, whose tracing costs minutes a count, at 2
-    # (3 for the modules that mark it).
+    # 2 (3 for the modules whose subject changes with the count, 4 for the demo's convergence),
+    # TensorFlow, whose tracing costs minutes a count, at 2 (3 for the modules that mark it).
     "torch": [2, 3, 4],
     "tensorflow": [2, 3],
     "worlds": [4],  # several Horovod jobs inside one mpirun: its scenarios name four processes

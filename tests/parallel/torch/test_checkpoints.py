@@ -16,6 +16,8 @@ from horovod_sparse.checkpoint import gather_state, scatter_state
 
 from test_schedules import distributed, five_layers, flat, scheduled, settle, train_step
 
+pytestmark = pytest.mark.world_sizes(2, 3)  # per-rank state gathered and scattered over more than two ranks
+
 STEPS = 7
 SAVE_AT = 4
 

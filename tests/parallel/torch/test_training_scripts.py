@@ -25,6 +25,8 @@ from horovod_sparse.layout import GradientLayout
 from horovod_sparse.reference import ReferenceCompressor
 from horovod_sparse.layout_pipeline import cut
 
+pytestmark = pytest.mark.world_sizes(2, 3)  # process sets: ranks 0..P-2 and the last one, a set of two beside a set of one at 3
+
 WIDTH = 40  # 40 x 40 = 1600 elements per weight
 SPECS = ["fp16", "randomk:density=0.1", "topk:density=0.05", "qsgd", "powersgd:rank=2"]
 OUT_OF_BAND = ["topk:density=0.05", "qsgd", "powersgd:rank=2"]
