@@ -11,6 +11,7 @@ from horovod_sparse.agreement import check_same_on_every_rank, communicator_of
 from horovod_sparse.compressors.base import WIRE_DTYPE
 from horovod_sparse.horovod_frames import caller_process_set
 from horovod_sparse.nonfinite import check_nonfinite
+from horovod_sparse.out_of_band import refuse_what_the_transport_cannot_carry
 from horovod_sparse.slots import CompressorState
 
 
@@ -102,9 +103,11 @@ class InBandCompressorBase:
         return True
 
     def agree_across_ranks(self):
-        """Check once, on the ranks of the caller's process set, that all pass this compressor."""
-        check_same_on_every_rank(self.algorithm.spec, communicator_of(caller_process_set()),
-                                 "compressors or parameters")
+        """Check once, on the ranks of the caller's process set, that all pass this compressor
+        and that the launch can carry it (a stateful one is refused under elastic Horovod)."""
+        comm = communicator_of(caller_process_set())
+        refuse_what_the_transport_cannot_carry(comm, [self.algorithm])
+        check_same_on_every_rank(self.algorithm.spec, comm, "compressors or parameters")
 
     def decompress(self, tensor, ctx):
         """The gradient from a reduced payload (Horovod's ``decompress``): where the payload is

@@ -13,6 +13,8 @@ Gradients smaller than ``dense_below`` elements (biases, norms), and non-float o
 skip the pipeline and go through Horovod's allreduce as they are, as CGX does: a
 sparse exchange of a few hundred values costs more in latency than it saves.
 """
+import os
+
 from horovod_sparse.agreement import raise_on_every_rank
 from horovod_sparse.compressors.cast import NoneCompressor
 from horovod_sparse.compressors.base import check_nonnegative_int
@@ -20,6 +22,15 @@ from horovod_sparse.layout import GradientLayout
 
 #: default size (elements) under which a gradient skips sparsification
 DEFAULT_DENSE_BELOW = 1024
+
+
+#: why elastic launches are refused for the compressors that keep state
+ELASTIC_MESSAGE = (
+    "elastic Horovod (horovodrun --min-np/--max-np) re-initialises Horovod whenever workers come or go, and "
+    "this compressor's state (residuals, step counters, the exchanges' operation names and world size) is not "
+    "carried across that yet: after a resize the ranks would disagree, and an exchange could wait forever. "
+    "Launch a fixed number of workers (horovodrun --gloo -np N, horovodrun -np N, mpirun), or train elastic "
+    "jobs with a stateless compression (horovod_sparse's fp16 or none, or hvd.Compression.fp16)")
 
 
 def ring_bytes(payload_bytes, world_size):
@@ -32,13 +43,18 @@ def refuse_what_the_transport_cannot_carry(comm, algorithms, schedule="after_bac
     launch, or ``HOROVOD_SPARSE_TRANSPORT=horovod``) raise ValueError, naming the compressor, for
     an exchange among ``algorithms`` that sends point-to-point messages, or a planned
     ``schedule`` (its channel threads would issue Horovod operations in an order that differs
-    between ranks). Local, and the same on every rank: all raise, before any exchange.
+    between ranks); under elastic Horovod, HorovodWorldError for any of them that keeps state
+    (:data:`ELASTIC_MESSAGE`). Local, and the same on every rank: all raise, before any exchange.
 
     Example: ``refuse_what_the_transport_cannot_carry(comm, [horovod_sparse.create("gtopk")])``
     raises under ``horovodrun --gloo``.
     """
     if getattr(comm, "point_to_point", True):
         return
+    stateful = [a.name for a in algorithms if getattr(a, "stateful", True)]
+    if stateful and os.environ.get("HOROVOD_ELASTIC") == "1":  # horovodrun sets it for elastic workers only
+        from horovod_sparse.errors import HorovodWorldError
+        raise HorovodWorldError(f"{', '.join(stateful)}: {ELASTIC_MESSAGE}")
     for algorithm in algorithms:
         if getattr(algorithm, "point_to_point", False):
             raise ValueError(

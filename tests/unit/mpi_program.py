@@ -1,6 +1,6 @@
-"""Launch a whole program on MPI ranks, as a user would (``mpirun -np N python NAME.py``), for
-the tests that need each rank to be its own process from start to exit: the docs' runnable
-examples, and ranks that end apart."""
+"""Launch a whole program on MPI ranks, as a user would (``mpirun -np N python NAME.py``, or
+elastic Horovod's ``horovodrun --min-np ...``), for the tests that need each rank to be its own
+process from start to exit: the docs' runnable examples, ranks that end apart, elastic jobs."""
 import os
 import signal
 import subprocess
@@ -20,11 +20,28 @@ RUN_ENV = {
 def run_mpi_program(program_dir, name, ranks):
     """mpirun -np RANKS python NAME in PROGRAM_DIR, in its own process group (a timeout ends
     every rank); returns (exit status, tagged output of all ranks)."""
+    return _run(program_dir, ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "--tag-output",
+                              "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
+                              *[a for k in RUN_ENV for a in ("-x", k)], sys.executable, name])
+
+
+def run_elastic_program(program_dir, name, ranks):
+    """An elastic Horovod job on this host: ``horovodrun -np RANKS --min-np RANKS --max-np
+    RANKS`` with a host discovery script naming ``localhost:RANKS`` (Gloo, as elastic Horovod
+    always is), in its own process group; returns (exit status, tagged output of all ranks)."""
+    discover = Path(program_dir) / "discover_hosts.sh"
+    discover.write_text(f"#!/bin/sh\necho localhost:{ranks}\n")
+    discover.chmod(0o755)
+    horovodrun = str(Path(sys.executable).parent / "horovodrun")
+    # one host only: name its interface, or the driver waits for a second host to compare interfaces with
+    return _run(program_dir, [horovodrun, "-np", str(ranks), "--min-np", str(ranks), "--max-np", str(ranks),
+                              "--host-discovery-script", str(discover), "--network-interface", "lo",
+                              "--elastic-timeout", "60", sys.executable, name])
+
+
+def _run(program_dir, cmd):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_SPARSE_")}  # users' defaults
     env.update(RUN_ENV)
-    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "--tag-output",
-           "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
-           *[a for k in RUN_ENV for a in ("-x", k)], sys.executable, name]
     proc = subprocess.Popen(cmd, cwd=program_dir, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
