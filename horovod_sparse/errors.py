@@ -33,8 +33,10 @@ class NonFiniteGradientError(ExchangeError):
 class HorovodWorldError(RuntimeError):
     """Horovod's ranks cannot be mapped onto one MPI job's processes, so the exchanges over
     mpi4py cannot run among them, and Horovod's own collectives cannot carry them either
-    (TensorFlow, or ``HOROVOD_SPARSE_TRANSPORT=mpi``). Raised on every rank of the Horovod job.
+    (``HOROVOD_SPARSE_TRANSPORT=mpi``, or a TF1-style TensorFlow graph without eager execution,
+    where Horovod's eager collectives cannot run). Raised on every rank of the Horovod job.
 
-    Example: ``horovodrun --gloo -np 2 python train.py`` with a TensorFlow ``topk`` compressor
-    raises it at the first step, on both ranks (a PyTorch one trains over Horovod's collectives).
+    Example: ``HOROVOD_SPARSE_TRANSPORT=mpi horovodrun --gloo -np 2 python train.py`` raises it at
+    the first step, on both ranks (without the variable, PyTorch and TensorFlow train over
+    Horovod's collectives).
     """

@@ -4,8 +4,12 @@ Under ``horovodrun --gloo`` (and elastic, Spark, Ray launches) mpi4py's world is
 process alone, but Horovod's collectives run among all of Horovod's ranks.
 :class:`HorovodCollectives` offers the part of mpi4py's ``Comm`` that the package's
 out-of-band exchanges use (buffer-based, uppercase calls on host numpy arrays) and carries
-each call with one Horovod collective of ``horovod.torch`` on a ``torch.from_numpy`` view
-of the buffer, within the communicator's Horovod process set.
+each call with one Horovod collective of the frontend in use, within the communicator's
+Horovod process set: ``horovod.torch`` on a ``torch.from_numpy`` view of the buffer, or
+``horovod.tensorflow`` on a ``tf.constant`` of it, run eagerly (lifted out of any trace; the
+TensorFlow frontend's exchanges run inside ``tf.numpy_function`` calls of the traced step,
+where Horovod's eager collectives run beside the step's own pending allreduces). The two
+differ only there (:class:`_TorchCollectives`, :class:`_TensorFlowCollectives`).
 
 - Horovod matches operations across ranks by name: every call gets the name
   ``<prefix>.<call number>``, so the same program order on every rank gives the same names.
@@ -38,7 +42,7 @@ class HorovodCollectives:
     """mpi4py's ``Comm`` calls of the package, carried by Horovod's collectives.
 
     Args:
-        hvd: the initialised ``horovod.torch`` module.
+        hvd: the initialised ``horovod.torch`` or ``horovod.tensorflow`` module.
         process_set: the Horovod process set (None: all of Horovod's ranks); ranks are the set's.
         reason: why this transport runs (the doctor prints it), e.g. ``"gloo launch"``.
         prefix: the root of the operations' names (the same on every rank).
@@ -49,8 +53,8 @@ class HorovodCollectives:
     transport = TRANSPORT
 
     def __init__(self, hvd, process_set=None, reason="", prefix=None):
-        import torch  # late: the module is importable without torch
-        self._hvd, self._torch = hvd, torch
+        self._hvd = hvd
+        self._framework = _FRAMEWORKS[hvd.__name__](hvd)
         self._set = hvd.global_process_set if process_set is None else process_set
         self._ranks = list(range(hvd.size())) if process_set is None else [int(r) for r in process_set.ranks]
         self.rank = hvd.rank() if process_set is None else self._set.rank()
@@ -80,14 +84,12 @@ class HorovodCollectives:
         self._freed = True
 
     def Barrier(self):
-        self._allreduce(self._torch.zeros(1, dtype=self._torch.int32), self._hvd.Sum)
+        self._allreduce(np.zeros(1, np.int32), self._hvd.Sum)
 
     def Bcast(self, buf, root=0):
         data = _bytes_of(buf)
         if data.size:  # the same size on every rank, as in MPI
-            received = self._run(self._hvd.broadcast_async(self._tensor(data), self._ranks[root],
-                                                           name=self._name(), process_set=self._set))
-            _write(buf, received.numpy())
+            _write(buf, self._framework.broadcast(data, self._ranks[root], name=self._name(), process_set=self._set))
 
     def Allgather(self, sendbuf, recvbuf):
         data = _bytes_of(sendbuf)
@@ -104,13 +106,13 @@ class HorovodCollectives:
         """``op``: mpi4py's ``MPI.SUM`` (the default), ``MAX``, ``MIN`` or ``PROD``."""
         send = np.ascontiguousarray(sendbuf)
         if send.dtype.type in _REDUCED_AS_IS:
-            result = self._allreduce(self._tensor(send.reshape(-1)), self._op(op))
+            result = self._allreduce(send.reshape(-1), self._op(op))
         elif send.dtype.kind in "biu" and send.dtype.itemsize < 8:
-            result = self._allreduce(self._tensor(send.reshape(-1).astype(np.int64)), self._op(op))
+            result = self._allreduce(send.reshape(-1).astype(np.int64), self._op(op))
         else:
             raise TypeError(f"HorovodCollectives.Allreduce: Horovod reduces no {send.dtype}")
         recv = np.asarray(recvbuf)
-        recv[...] = result.numpy().reshape(recv.shape)  # back to its dtype (int64 -> int8 ...)
+        recv[...] = result.reshape(recv.shape)  # back to its dtype (int64 -> int8 ...)
 
     def Alltoall(self, sendbuf, recvbuf):
         data = _bytes_of(sendbuf)
@@ -155,26 +157,14 @@ class HorovodCollectives:
         self._calls += 1
         return f"{self._prefix}.{self._calls}"
 
-    def _tensor(self, array):
-        if not array.flags.writeable:  # torch.from_numpy warns on read-only memory
-            array = array.copy()
-        return self._torch.from_numpy(array)
-
-    def _run(self, handle):
-        return self._hvd.synchronize(handle)
-
-    def _allreduce(self, tensor, op):
-        return self._run(self._hvd.allreduce_async(tensor, name=self._name(), op=op, process_set=self._set))
+    def _allreduce(self, data, op):
+        return self._framework.allreduce(data, op, name=self._name(), process_set=self._set)
 
     def _allgather(self, data):
-        return self._run(self._hvd.allgather_async(self._tensor(data), name=self._name(),
-                                                   process_set=self._set)).numpy()
+        return self._framework.allgather(data, name=self._name(), process_set=self._set)
 
     def _alltoall(self, data, splits):
-        splits = self._torch.tensor(splits, dtype=self._torch.int32)
-        output, _ = self._run(self._hvd.alltoall_async(self._tensor(data), splits, name=self._name(),
-                                                       process_set=self._set))
-        return output.numpy()
+        return self._framework.alltoall(data, splits, name=self._name(), process_set=self._set)
 
     def _op(self, op):
         from mpi4py import MPI  # the ops are mpi4py's, as the callers pass them
@@ -184,6 +174,72 @@ class HorovodCollectives:
                 return ours
         raise ValueError(f"HorovodCollectives.Allreduce: no Horovod reduction for {op!r}")
 
+
+class _TorchCollectives:
+    """``horovod.torch``'s collectives on numpy arrays (``torch.from_numpy`` views, no copy)."""
+
+    def __init__(self, hvd):
+        import torch  # late: the module is importable without torch
+        self._hvd, self._torch = hvd, torch
+
+    def allreduce(self, array, op, **where):
+        return self._run(self._hvd.allreduce_async(self._tensor(array), op=op, **where))
+
+    def allgather(self, array, **where):
+        return self._run(self._hvd.allgather_async(self._tensor(array), **where))
+
+    def broadcast(self, array, root_rank, **where):
+        return self._run(self._hvd.broadcast_async(self._tensor(array), root_rank, **where))
+
+    def alltoall(self, array, splits, **where):
+        splits = self._torch.tensor(splits, dtype=self._torch.int32)
+        return self._run(self._hvd.alltoall_async(self._tensor(array), splits, **where))
+
+    def _tensor(self, array):
+        if not array.flags.writeable:  # torch.from_numpy warns on read-only memory
+            array = array.copy()
+        return self._torch.from_numpy(array)
+
+    def _run(self, handle):
+        result = self._hvd.synchronize(handle)
+        return (result[0] if isinstance(result, tuple) else result).numpy()  # alltoall: (output, splits)
+
+
+class _TensorFlowCollectives:
+    """``horovod.tensorflow``'s collectives on numpy arrays, run eagerly: lifted out of a trace
+    (the agreement at a step's first ``compress`` runs while it is traced), and inside the
+    traced step's ``tf.numpy_function`` calls, where TensorFlow executes eagerly."""
+
+    def __init__(self, hvd):
+        import tensorflow as tf  # late: the module is importable without TensorFlow
+        self._hvd, self._tf = hvd, tf
+
+    def allreduce(self, array, op, **where):
+        return self._run(self._hvd.allreduce, array, op=op, **where).numpy()
+
+    def allgather(self, array, **where):
+        return self._run(self._hvd.allgather, array, **where).numpy()
+
+    def broadcast(self, array, root_rank, **where):
+        return self._run(self._hvd.broadcast, array, root_rank, **where).numpy()
+
+    def alltoall(self, array, splits, **where):
+        output, _ = self._run(self._hvd.alltoall, array, self._tf.constant(splits, self._tf.int32), **where)
+        return output.numpy()
+
+    def _run(self, collective, array, *args, **where):
+        with self._tf.init_scope():
+            if not self._tf.executing_eagerly():
+                from horovod_sparse.errors import HorovodWorldError
+                raise HorovodWorldError(
+                    "Horovod's collectives carry TensorFlow's exchanges only where TensorFlow executes eagerly "
+                    "(tf.function and Keras do); a TF1-style graph run by a Session exchanges over mpi4py: "
+                    "launch through MPI (horovodrun without --gloo, or mpirun)")
+            return collective(self._tf.constant(array), *args, ignore_name_scope=True, **where)
+
+
+#: the frontend module's name -> its collectives on numpy arrays
+_FRAMEWORKS = {"horovod.torch": _TorchCollectives, "horovod.tensorflow": _TensorFlowCollectives}
 
 _NO_POINT_TO_POINT = ("Horovod's collectives carry no point-to-point messages (Isend/Irecv/Send/Recv): this "
                       "exchange needs a launch through MPI (horovodrun without --gloo, or mpirun)")

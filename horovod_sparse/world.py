@@ -13,11 +13,11 @@ world only when Horovod was initialised on all of it, in its order (``hvd.init()
 
 :func:`horovod_world` is a private communicator of exactly Horovod's ranks (its rank r is
 ``hvd.rank()`` r), made once; :func:`process_set_communicator` the same for a Horovod process
-set. Where Horovod's ranks are not the processes of one MPI job, the PyTorch frontend's
-communicator is a :class:`~horovod_sparse.horovod_collectives.HorovodCollectives`: the same
-calls, carried by Horovod's own collectives. Where that cannot serve either (TensorFlow),
-every rank raises :class:`HorovodWorldError`, which says how to launch instead; no exchange
-runs on a wrong world.
+set. Where Horovod's ranks are not the processes of one MPI job, the communicator is a
+:class:`~horovod_sparse.horovod_collectives.HorovodCollectives`: the same calls, carried by
+the frontend's own Horovod collectives (PyTorch or TensorFlow). With
+``HOROVOD_SPARSE_TRANSPORT=mpi`` there, every rank raises :class:`HorovodWorldError`, which
+says how to launch instead; no exchange runs on a wrong world.
 
 The transport: ``HOROVOD_SPARSE_TRANSPORT`` (:func:`transport_setting`) is ``auto`` (default:
 mpi4py where it maps Horovod's world, Horovod's collectives otherwise), ``mpi`` (mpi4py or
@@ -91,7 +91,7 @@ def horovod_frontend():
 
 def horovod_world():
     """A private communicator of exactly Horovod's ranks, rank r being ``hvd.rank()`` r, on the
-    transport :func:`transport_setting` picks: mpi4py's, or Horovod's collectives (PyTorch) where
+    transport :func:`transport_setting` picks: mpi4py's, or Horovod's collectives where
     Horovod's ranks are not processes of this MPI job; without an initialised Horovod, a
     duplicate of ``COMM_WORLD``. Made once (collective over Horovod's ranks, the first time
     only); :class:`HorovodWorldError` on every rank where neither transport serves.
@@ -154,7 +154,7 @@ def _chosen(hvd, process_set, mpi_communicator):
     """The transport's communicator of the set's ranks (None: Horovod's world): mpi4py's
     (``mpi_communicator()``) unless ``HOROVOD_SPARSE_TRANSPORT`` is ``horovod``, or is ``auto``
     and mpi4py cannot map Horovod's ranks (HorovodWorldError, raised on every rank alike);
-    then Horovod's collectives."""
+    then Horovod's collectives. With ``mpi``, that HorovodWorldError."""
     transport = transport_setting()
     if transport == "horovod":
         return _collectives(hvd, process_set, f"{TRANSPORT_VARIABLE}=horovod")
@@ -164,17 +164,11 @@ def _chosen(hvd, process_set, mpi_communicator):
         if transport == "mpi":
             raise HorovodWorldError(f"{error} ({TRANSPORT_VARIABLE}=mpi)") from None
         why = "gloo launch" if hvd.gloo_enabled() else "Horovod's ranks are not one MPI job's"
-        return _collectives(hvd, process_set, why, error)
+        return _collectives(hvd, process_set, why)
 
 
-def _collectives(hvd, process_set, reason, error=None):
-    """Horovod's collectives among the set's ranks (PyTorch); for TensorFlow, ``error`` (or a
-    HorovodWorldError saying so) on every rank."""
-    if hvd.__name__ != "horovod.torch":
-        cause = f"{TRANSPORT_VARIABLE}=horovod" if error is None else str(error)
-        raise HorovodWorldError(
-            f"{cause}. Horovod's collectives carry the exchanges of PyTorch's frontend (horovod.torch) only: "
-            "TensorFlow does not train under Gloo or elastic launches yet")
+def _collectives(hvd, process_set, reason):
+    """Horovod's collectives among the set's ranks, in the frontend's own (PyTorch or TensorFlow)."""
     from horovod_sparse.horovod_collectives import HorovodCollectives
     return HorovodCollectives(hvd, process_set, reason)
 

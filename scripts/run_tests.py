@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs the whole test suite: single-process unit tests, then each parallel group under
 ``mpirun -np N`` for every N of the group (the way Horovod's own test/parallel runs); the
-``gloo`` group under ``horovodrun --gloo -np N`` instead.
+``gloo`` group under ``horovodrun --gloo -np N`` instead (one launch per module).
 
 A failure on any rank fails the run. Every mpirun has a wall-clock bound on top of
 pytest-timeout's per-test bound, so nothing hangs. The last line is the total over
@@ -38,7 +38,7 @@ PARALLEL_GROUPS = {
 }
 MPIRUN_WALL_SECONDS = 900
 # groups launched by ``horovodrun --gloo`` instead of mpirun (Horovod's ranks are not one MPI job's:
-# the exchanges run over Horovod's collectives), with their process counts and wall-clock bound
+# the exchanges run over Horovod's collectives), with their process counts and wall-clock bound (per launch)
 HOROVODRUN_GROUPS = {"gloo": [2]}
 HOROVODRUN_WALL_SECONDS = 240
 
@@ -85,12 +85,24 @@ def run_parallel(group, np_, results, extra):
 
 
 def run_horovodrun(group, np_, results, extra):
-    """The group under ``horovodrun --gloo -np N`` on this host, with the same environment and
-    per-rank logs as :func:`run_parallel`; on timeout the whole process group is killed."""
-    logdir = results / f"{group}-np{np_}"
-    logdir.mkdir(parents=True)
+    """The group under ``horovodrun --gloo -np N`` on this host, one launch per test module
+    (Horovod runs one frontend per process: the PyTorch and TensorFlow modules apart), with the
+    same environment and per-rank logs as :func:`run_parallel`; on timeout the whole process
+    group is killed. The exit status: the first failing launch's, else 5 if no launch collected
+    a test (a ``-k`` that matches none here), else 0."""
+    codes, junit = [], []
+    for module in sorted((ROOT / "tests" / "parallel" / group).glob("test_*.py")):
+        logdir = results / f"{group}-np{np_}" / module.stem
+        logdir.mkdir(parents=True)
+        codes.append(_horovodrun(module.relative_to(ROOT), np_, logdir, extra))
+        junit += sorted(logdir.glob("rank*.xml"))
+    failed = [rc for rc in codes if rc not in (0, 5)]
+    return (failed[0] if failed else 5 if codes and all(rc == 5 for rc in codes) else 0), junit
+
+
+def _horovodrun(module, np_, logdir, extra):
     cmd = [str(Path(PYTHON).parent / "horovodrun"), "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
-           "tests/mpi_rank.sh", str(logdir), PYTHON, "-m", "pytest", f"tests/parallel/{group}", "-q", *extra]
+           "tests/mpi_rank.sh", str(logdir), PYTHON, "-m", "pytest", str(module), "-q", *extra]
     print(f"\n$ {' '.join(cmd)}", flush=True)
     process = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **MPI_ENV}, start_new_session=True)
     try:
@@ -98,13 +110,13 @@ def run_horovodrun(group, np_, results, extra):
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        print(f"error: horovodrun -np {np_} {group} exceeded {HOROVODRUN_WALL_SECONDS}s and was killed", flush=True)
+        print(f"error: horovodrun -np {np_} {module} exceeded {HOROVODRUN_WALL_SECONDS}s and was killed", flush=True)
         rc = 124
-    if rc != 0:
+    if rc not in (0, 5):
         for log in sorted(logdir.glob("rank*.log")):
-            print(f"\n----- {group} np={np_} {log.name} (last 60 lines) -----")
+            print(f"\n----- {module} np={np_} {log.name} (last 60 lines) -----")
             print("\n".join(log.read_text(errors="replace").splitlines()[-60:]))
-    return rc, sorted(logdir.glob("rank*.xml"))
+    return rc
 
 
 def outcomes(junit_files):

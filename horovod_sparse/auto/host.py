@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from horovod_sparse.agreement import agree_on_layout, communicator_of, time_collective
+from horovod_sparse.out_of_band import refuse_what_the_transport_cannot_carry
 from horovod_sparse.auto.decide import FP16, NONE, Costs
 from horovod_sparse.auto.runtime import AutoRuntime, fit_line
 from horovod_sparse.errors import NonFiniteGradientError
@@ -114,6 +115,7 @@ class HostAutoRuntime(AutoRuntime):
         ``keys``), each by its choice. Collective: every rank, the same calls in the same order."""
         if self.comm is None:
             self.comm = communicator_of(None)
+            refuse_what_the_transport_cannot_carry(self.comm, self.algorithms.values())
         arrived = time.perf_counter()
         if self._seen & set(keys):  # a gradient seen this step: the step before has ended
             if not self._overflowed:  # (an overflowed one was skipped when the ranks agreed on it)

@@ -1,11 +1,13 @@
 """The parts of HorovodCollectives that need no Horovod: its reading of mpi4py's buffer specs
 (``(buf, counts)``, ``[buf, (counts, displs)]``), the packing of blocks at displacements, and
-the transport setting. The collectives themselves run for real in tests/parallel/gloo (under
-``horovodrun --gloo``) and tests/parallel/torch/test_transports.py (under mpirun)."""
+the transport setting, and TensorFlow's refusal outside eager execution. The collectives
+themselves run for real in tests/parallel/gloo (under ``horovodrun --gloo``),
+tests/parallel/torch/test_transports.py (under mpirun) and tests/parallel/worlds."""
 import numpy as np
 import pytest
 
-from horovod_sparse.horovod_collectives import _packed_bytes, _place, _spec
+from horovod_sparse.errors import HorovodWorldError
+from horovod_sparse.horovod_collectives import _packed_bytes, _place, _spec, _TensorFlowCollectives
 from horovod_sparse.world import transport_setting
 
 
@@ -58,3 +60,15 @@ def test_the_transport_setting(value, expected):
 def test_an_unknown_transport_is_refused():
     with pytest.raises(ValueError, match=r"HOROVOD_SPARSE_TRANSPORT must be one of"):
         transport_setting({"HOROVOD_SPARSE_TRANSPORT": "gloo"})
+
+
+def test_tensorflow_without_eager_execution_raises_before_any_collective():
+    """A TF1-style graph (a plain ``tf.Graph``, as a Session runs) cannot run Horovod's eager
+    collectives: HorovodWorldError saying so and what to launch instead, before Horovod is asked
+    (it is not even initialised here). Under a real --gloo launch every rank raises it while the
+    step is built (tried: hvd.DistributedOptimizer's minimize after disable_eager_execution)."""
+    tf = pytest.importorskip("tensorflow")
+    import horovod.tensorflow as hvd
+    with tf.Graph().as_default(), pytest.raises(HorovodWorldError, match=r"only where TensorFlow executes eagerly.*"
+                                                                       r"launch through MPI"):
+        _TensorFlowCollectives(hvd).allgather(np.zeros(4, np.uint8), name="x", process_set=hvd.global_process_set)

@@ -1,20 +1,27 @@
-"""The PyTorch frontend under ``horovodrun --gloo`` (scripts/run_tests.py launches this group
-with horovodrun, not mpirun): Horovod's ranks are Gloo's, mpi4py's world is each process
-alone, and the out-of-band exchanges run over Horovod's own collectives
+"""The frontends under ``horovodrun --gloo`` (scripts/run_tests.py launches this group with
+horovodrun, not mpirun, one launch per module: Horovod runs one frontend per process, and each
+module initialises its own): Horovod's ranks are Gloo's, mpi4py's world is each process alone,
+and the out-of-band exchanges run over Horovod's own collectives
 (:mod:`horovod_sparse.horovod_collectives`).
 
 The tests here are not marked ``world_sizes``: mpi4py's world has one process on every rank,
 so tests/parallel/conftest.py's selection (and its failure sync over mpi4py) sees one rank.
 The run's outcome merges every rank's JUnit file.
 """
-import horovod.torch as hvd
 import pytest
-import torch
+
+from horovod_sparse.agreement import communicator_of
+from horovod_sparse.horovod_collectives import HorovodCollectives
 
 
-@pytest.fixture(scope="session", autouse=True)
-def horovod():
+@pytest.fixture(scope="module", autouse=True)
+def horovod(request):
+    """The module's own Horovod frontend (its global ``hvd``), initialised; the exchanges'
+    communicator is Horovod's collectives, chosen for a gloo launch, of Horovod's two ranks."""
+    hvd = request.module.hvd
     hvd.init()
     assert hvd.gloo_enabled(), "this group runs under horovodrun --gloo"
-    torch.manual_seed(0)
+    comm = communicator_of(None)
+    assert isinstance(comm, HorovodCollectives) and comm.reason == "gloo launch"
+    assert (comm.Get_size(), comm.Get_rank()) == (hvd.size(), hvd.rank()) == (2, hvd.rank())
     yield hvd

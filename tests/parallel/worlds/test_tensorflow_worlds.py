@@ -4,7 +4,8 @@ allgather (run eagerly, out of the trace).
 
 ``dense`` and ``topk:density=1.0`` equal Horovod's own dense run of the same steps; top-k at
 density 0.01 equals the numpy reference of its pipeline over the world; replicas of each world
-end bitwise identical.
+end bitwise identical. Over Horovod's own collectives (a Gloo launch's transport, simulated;
+tests/parallel/gloo runs a real one) the steps give bitwise what they give over mpi4py.
 """
 import os
 
@@ -17,6 +18,7 @@ import tensorflow as tf  # noqa: E402
 
 import horovod_sparse  # noqa: E402
 import horovod_sparse.tensorflow as hvds  # noqa: E402
+from horovod_sparse.horovod_collectives import HorovodCollectives  # noqa: E402
 from horovod_sparse.layout import GradientLayout  # noqa: E402
 from horovod_sparse.world import horovod_world  # noqa: E402
 from world_scenarios import CW, assert_horovod_equal, assert_identical, init_world  # noqa: E402
@@ -117,23 +119,37 @@ def test_topk_sums_over_its_world(world):
         compression.close()
 
 
-@pytest.mark.parametrize("transport", ["auto", "horovod"])
-def test_tensorflow_refuses_horovods_collectives_on_every_rank(transport, monkeypatch):
-    """Horovod's collectives carry PyTorch's exchanges only: where mpi4py's world is each process
-    alone (simulated, as a Gloo launch gives), or the transport is forced to Horovod's, every
-    TensorFlow rank raises HorovodWorldError saying so."""
+def test_horovods_collectives_give_mpi4pys_sums(monkeypatch):
+    """In each world of the 2+2 split (two ranks), top-k's steps over Horovod's collectives give
+    bitwise the gradients and parameters they give over mpi4py: where mpi4py's world is each
+    process alone (simulated, as a Gloo launch gives: the default transport picks Horovod's
+    collectives), and where the transport is forced to Horovod's. (Sparse sums of varying sizes,
+    gathered; dense's Allreduce is checked against Horovod's own in tests/parallel/gloo.)"""
+    spec = "topk:density=0.01"
     from mpi4py import MPI
 
     from horovod_sparse import world as horovod_world_module
-    from horovod_sparse.world import HorovodWorldError
     init_world(hvd, "split 2+2")
-    horovod_world_module.forget()
-    monkeypatch.setenv("HOROVOD_SPARSE_TRANSPORT", transport)
-    if transport == "auto":
-        monkeypatch.setattr(horovod_world_module, "mpi_world", lambda: MPI.COMM_SELF)
-    try:
-        with pytest.raises(HorovodWorldError, match="TensorFlow does not train under Gloo or elastic launches yet"):
-            horovod_world()
-    finally:
-        monkeypatch.undo()
+
+    def trained():
+        compression = hvds.Compression.from_spec(spec, dense_below=0)
+        try:
+            applied, _, params = run(compression)
+        finally:
+            compression.close()
+        return [g for grads in applied for g in grads] + [params]
+
+    over_mpi = trained()
+    for transport in ("auto", "horovod"):
         horovod_world_module.forget()
+        monkeypatch.setenv("HOROVOD_SPARSE_TRANSPORT", transport)
+        if transport == "auto":
+            monkeypatch.setattr(horovod_world_module, "mpi_world", lambda: MPI.COMM_SELF)
+        try:
+            assert isinstance(horovod_world(), HorovodCollectives) and horovod_world().Get_size() == 2
+            over_horovod = trained()
+        finally:
+            monkeypatch.undo()
+            horovod_world_module.forget()
+        for theirs, ours in zip(over_mpi, over_horovod):
+            np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32), err_msg=transport)
