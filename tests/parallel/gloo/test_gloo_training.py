@@ -16,6 +16,7 @@ from torch import nn
 import horovod_sparse.torch as hvds
 from horovod_sparse import cli
 from horovod_sparse.checkpoint import gather_state, scatter_state
+from random_regression import fit_random_regression
 
 STEPS = 6
 TRAINED = ["none", "fp16", "dense", "topk:density=0.05", "qsgd", "int4", "auto"]
@@ -42,13 +43,8 @@ def train(spec, steps=STEPS, **params):
     """``steps`` steps of a small model on this rank's own data; returns the flat parameters."""
     compression = hvds.Compression.from_spec(spec, **params)
     model, opt = model_and_optimizer(compression)
-    data = torch.Generator().manual_seed(100 + hvd.rank())
     try:
-        for _ in range(steps):
-            x, y = torch.randn(16, 32, generator=data), torch.randn(16, 8, generator=data)
-            opt.zero_grad()
-            (model(x) - y).pow(2).mean().backward()
-            opt.step()
+        fit_random_regression(model, opt, 32, 8, batch=16, steps=steps, seed=100 + hvd.rank())
         return flat_parameters(model)
     finally:
         getattr(compression, "close", lambda: None)()

@@ -18,6 +18,7 @@ import horovod_sparse.torch as hvds
 from horovod_sparse import world
 from horovod_sparse.agreement import communicator_of
 from horovod_sparse.horovod_collectives import HorovodCollectives
+from random_regression import fit_random_regression
 
 pytestmark = pytest.mark.world_sizes(2)
 
@@ -51,13 +52,8 @@ def train(spec, steps=STEPS, process_set=None, **params):
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                    named_parameters=model.named_parameters(), compression=compression,
                                    **({} if process_set is None else {"process_set": process_set}))
-    data = torch.Generator().manual_seed(11 + hvd.rank())
     try:
-        for _ in range(steps):
-            x, y = torch.randn(8, 48, generator=data), torch.randn(8, 4, generator=data)
-            opt.zero_grad()
-            (model(x) - y).pow(2).mean().backward()
-            opt.step()
+        fit_random_regression(model, opt, 48, 4, batch=8, steps=steps, seed=11 + hvd.rank())
     finally:
         getattr(compression, "close", lambda: None)()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
