@@ -177,7 +177,7 @@ class Sparsifier(Pipeline):
         """
         acc, acc_finite, candidates = self._first_pass(grad)                  # step 1
         finite = finite and acc_finite
-        rule_state = self.rule.state_dict()
+        rule_state = self.rule.snapshot()
         try:
             k = self.k_at(self.step_count)
             warmup = k == self.n and self.k < self.n  # the same engine on every rank, finite or not
@@ -193,7 +193,7 @@ class Sparsifier(Pipeline):
             sent = take(acc, local)                                     # step 3
             result = engine.allreduce(host.to_host(local), host.to_host(sent), tag=tag, finite=finite)
         except BaseException:
-            self.rule.load_state_dict(rule_state)  # carried thresholds are not kept either
+            self.rule.restore(rule_state)  # carried thresholds are not kept either
             raise
         if engine is self.dense_engine:                                         # step 4
             indices, values = local, host.from_host(result.values, acc)
