@@ -112,7 +112,7 @@ class MagnitudeKeys:
         self._keys_out = keys if keys is not None or not scratch else empty(self.size, "int32", acc)
         self._keys = None
         self.mask = empty(self.size, "bool", acc) if mask is None and scratch else mask
-        self._marked = None  # the key the mask holds ``keys >= key`` for
+        self._marked, self._marked_count = None, None  # the key the mask holds ``keys >= key`` for, its count
         self.candidates = candidates
         self._answered = None  # (indices, their keys) of the last at_least answered from the candidates
         if candidates is None:
@@ -140,8 +140,8 @@ class MagnitudeKeys:
             self.candidates, self._answered = self._rescan(key), None  # (the scratch they viewed is rewritten)
             return self.candidates.count
         self._marked = key
-        self.mask, count = mark_at_least(self.keys, key, self.mask)
-        return count
+        self.mask, self._marked_count = mark_at_least(self.keys, key, self.mask)
+        return self._marked_count
 
     def at_least(self, key, keep=True):
         """Sorted int64 indices whose key is >= ``key`` (``keep=False``: a caller that keeps none
@@ -161,8 +161,8 @@ class MagnitudeKeys:
             return self._answered[0]
         if self._marked != key:
             self._marked = key
-            self.mask, _ = mark_at_least(self.keys, key, self.mask)
-        return compact(self.mask)
+            self.mask, self._marked_count = mark_at_least(self.keys, key, self.mask)
+        return compact(self.mask, self._marked_count)  # (a known count: no second read-back on a device)
 
     def at(self, indices):
         if self._answered is not None and indices is self._answered[0]:
