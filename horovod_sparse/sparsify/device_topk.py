@@ -22,8 +22,9 @@ Example (under the device path)::
     found.indices                            # k sorted int64 indices, on the device
 """
 import math
+import sys
 
-import torch
+from horovod_sparse.ops.magnitude import kth_largest_on_device
 
 #: the host's sources, by code
 SOURCES = ("floor", "sample", "full")
@@ -36,6 +37,7 @@ def device_top_k(keys, k, floor, limits):
     gives them for ``keys`` (a :class:`~horovod_sparse.sparsify.selection.MagnitudeKeys` of a
     torch buffer) and ``1 <= k < n``, as device tensors. ``limits``: the host's constants
     ``(candidate_limit, (comfort_low, comfort_high), candidate_target, floor_margin, floor_sample)``."""
+    torch = sys.modules["torch"]  # (loaded: keys are torch's; the package runs without it)
     limit, (low, high), target_factor, margin, floor_sample = limits
     all_keys, n = keys.keys, keys.size
     target = math.ceil(target_factor * k)
@@ -48,7 +50,7 @@ def device_top_k(keys, k, floor, limits):
 
     sample = keys.strided(0, -(-n // floor_sample))
     size = int(sample.shape[0])
-    sampled = torch.kthvalue(sample, size - min(size, math.ceil(target_factor * k * size / n)) + 1).values
+    sampled = kth_largest_on_device(sample, min(size, math.ceil(target_factor * k * size / n)))
     sample_ok, _ = in_range(sampled)
     if floor is None:
         floor, floor_ok = torch.full((), NO_FLOOR, dtype=torch.int64, device=kth.device), False
@@ -70,11 +72,13 @@ def device_top_k(keys, k, floor, limits):
     if floor_ok is not False:
         keep = floor_ok & (count >= math.ceil(low * k)) & (count <= math.floor(high * k))
         next_floor = torch.where(keep, floor, next_floor)
-    return _top(all_keys, kth, k), kth, next_floor, source
+    return top_indices(all_keys, kth, k), kth, next_floor, source
 
 
-def _top(all_keys, kth, k):
-    """The sorted indices of the ``k`` largest keys, the lowest-indexed ones of those equal to ``kth``."""
+def top_indices(all_keys, kth, k):
+    """The sorted int64 indices of the ``k`` largest of the 1-D ``all_keys`` (a torch tensor),
+    ties to the lower index, given ``kth``, their k-th largest (a 0-d tensor): nothing read back."""
+    torch = sys.modules["torch"]
     above, ties = all_keys > kth, all_keys == kth
     taken = above | (ties & (ties.cumsum(0) <= k - above.sum()))
     return torch.nonzero_static(taken, size=k).view(-1)
@@ -83,6 +87,7 @@ def _top(all_keys, kth, k):
 def _lowered(key, margin):
     """:func:`~horovod_sparse.sparsify.selection._lowered` on a 0-d int32 key: the key ``margin``
     below its magnitude (float64 quotient rounded to float32), ``NO_FLOOR`` for NaN."""
+    torch = sys.modules["torch"]
     magnitude = key.view(torch.float32).to(torch.float64)
     # divided by a tensor: CUDA divides by a Python number as a product with its reciprocal
     lowered = (magnitude / torch.full((), margin, dtype=torch.float64, device=key.device)).to(torch.float32)
