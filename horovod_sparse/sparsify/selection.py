@@ -414,7 +414,8 @@ class TopKRule(Rule):
         return self._host_floor()
 
     def select(self, acc, keys, k, step, rank):
-        found = top_k(keys, k, self.floor)
+        # (a device's floor read back only if this step runs on the host: the path was switched)
+        found = top_k(keys, k, self.floor if keys.on_device() else self._host_floor())
         self.floor = found.floor
         if isinstance(found.source, str):
             self.sampled_floors += int(found.source == "sample")
