@@ -376,3 +376,17 @@ def test_ffts_top_coefficients_on_the_device_are_the_hosts(kind):
             tensor = torch.from_numpy(keys.copy())
             got = on_device.select(tensor, k, torch.empty(tensor.shape[0], dtype=torch.bool))
         assert np.array_equal(want, got.numpy()), (kind, step, k)
+
+
+def test_top_k_rule_carries_its_floor_across_a_switch_of_path():
+    """Steps alternating between the device's path (the floor a 0-d tensor) and the host's (an
+    int) select and carry what steps on numpy alone do."""
+    rng = np.random.default_rng(0)
+    on_numpy, switching = selection.TopKRule(), selection.TopKRule()
+    for step in range(6):
+        acc = rng.standard_normal(30_000).astype(np.float32)
+        want, _ = on_numpy.select(acc, keys_of(acc), 300, step, 0)
+        tensor = torch.from_numpy(acc.copy())
+        with cpu.device_path() if step % 2 else contextlib.nullcontext():
+            got, _ = switching.select(tensor, keys_of(tensor), 300, step, 0)
+        assert np.array_equal(want, got.numpy()) and on_numpy.state_dict() == switching.state_dict(), step
