@@ -74,8 +74,9 @@ class Memory:
         instead of fusing them first."""
         raise NotImplementedError(f"{type(self).__name__} accumulates whole buffers only")
 
-    def commit_cleared(self, acc, cleared):
-        """The exchange succeeded and sent ``acc`` whole at the indices ``cleared``."""
+    def commit_cleared(self, acc, cleared, where=None):
+        """The exchange succeeded and sent ``acc`` whole at the indices ``cleared`` (at those of
+        them that the bool mask ``where`` marks, if given: :func:`~horovod_sparse.ops.kernels.zero_at`)."""
         raise NotImplementedError
 
     def commit_minus(self, acc, consumed):
@@ -170,9 +171,9 @@ class ErrorFeedback(Memory):
                 copy_into(acc[part], piece)
         return acc
 
-    def commit_cleared(self, acc, cleared):
+    def commit_cleared(self, acc, cleared, where=None):
         if self.enabled:
-            self._swap("residual", zero_at(acc, cleared))
+            self._swap("residual", zero_at(acc, cleared, where))
 
     def commit_minus(self, acc, consumed):
         if self.enabled:
@@ -237,9 +238,9 @@ class MomentumCorrection(Memory):
             lib.add(self.residual[part], u[part], out=acc[part])
         return acc
 
-    def commit_cleared(self, acc, cleared):
-        self._swap("velocity", zero_at(self._spare["velocity"], cleared))
-        self._swap("residual", zero_at(acc, cleared))
+    def commit_cleared(self, acc, cleared, where=None):
+        self._swap("velocity", zero_at(self._spare["velocity"], cleared, where))
+        self._swap("residual", zero_at(acc, cleared, where))
 
 
 class Momentum(Memory):

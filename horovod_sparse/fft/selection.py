@@ -24,6 +24,8 @@ spellings, which return new tensors (so the code below always uses what a kernel
 import math
 
 from horovod_sparse.ops import indices, kernels, magnitude, namespace
+from horovod_sparse.ops.views import numpy_view
+from horovod_sparse.sparsify.device_topk import top_indices
 
 
 class TopCoefficients:
@@ -43,6 +45,8 @@ class TopCoefficients:
             return namespace.arange(size, keys)
         if k <= 0:
             return namespace.empty(0, "int64", keys)
+        if namespace.is_torch(keys) and numpy_view(keys) is None:  # a device: no bound, nothing read back
+            return top_indices(keys, magnitude.kth_largest_on_device(keys, k), k)
         candidates = None                                                           # step 1
         if self.bound is not None:
             mask, count = kernels.mark_at_least(keys, self.bound, mask)

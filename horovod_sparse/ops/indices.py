@@ -31,10 +31,14 @@ def flatnonzero(mask):
     return np.flatnonzero(mask)
 
 
-def compact(mask):
-    """Like :func:`flatnonzero`, with numpy's kernel on a zero-copy view of a CPU tensor."""
+def compact(mask, count=None):
+    """Like :func:`flatnonzero`, with numpy's kernel on a zero-copy view of a CPU tensor. ``count``:
+    how many are true, if the caller knows: a torch tensor on a device is then compacted into that
+    fixed size (``nonzero_static``), without reading the count back a second time."""
     view = numpy_view(mask)
     if view is None:
+        if count is not None and is_torch(mask):
+            return sys.modules["torch"].nonzero_static(mask, size=count).view(-1)
         return flatnonzero(mask)
     found = np.flatnonzero(view)
     return sys.modules["torch"].from_numpy(found) if is_torch(mask) else found

@@ -30,10 +30,15 @@ from horovod_sparse.ops.views import int_view, numpy_view
 _INDEXED_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
 
 
-def zero_at(x, indices):
+def zero_at(x, indices, where=None):
     """``x[indices] = 0`` in place, for 1-D ``x`` (on the CPU a compiled loop,
     :func:`~horovod_sparse.ops.cpu.cast.zero_at`; else torch's index_fill_); returns ``x``
-    (TensorFlow: a new tensor)."""
+    (TensorFlow: a new tensor). ``where`` (torch only): a bool mask over ``indices``, zero only
+    those (``x[indices[where]] = 0``) without compacting them, which on a device reads their
+    count back: the entries at ``indices`` are written back as they were, or 0 where ``where``."""
+    if where is not None:
+        torch = sys.modules["torch"]
+        return x.index_copy_(0, indices, torch.where(where, 0, x.index_select(0, indices)))
     if is_tensorflow(x):
         tf = sys.modules["tensorflow"]
         return tf.tensor_scatter_nd_update(x, indices[:, None], tf.zeros(tf.shape(indices), x.dtype))

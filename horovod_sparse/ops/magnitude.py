@@ -58,7 +58,12 @@ def kth_largest(x, k):
     view = numpy_view(x)
     if view is not None:
         return int(np.partition(view, n - k)[n - k])
-    return int(sys.modules["torch"].kthvalue(x, n - k + 1).values)
+    return int(kth_largest_on_device(x, k))
+
+
+def kth_largest_on_device(x, k):
+    """:func:`kth_largest` of a torch tensor as a 0-d tensor on its device: not read back."""
+    return sys.modules["torch"].kthvalue(x, x.shape[0] - k + 1).values
 
 
 def smallest(x):

@@ -51,6 +51,7 @@ from horovod_sparse.ops.kernels import copy, mark_at_least, set_true_at
 from horovod_sparse.ops.magnitude import key_of, kth_largest, kth_largests, magnitude_keys, magnitude_of, smallest
 from horovod_sparse.ops.namespace import arange, empty, is_tensorflow, is_torch
 from horovod_sparse.ops.views import as_like, numpy_view
+from horovod_sparse.sparsify.device_topk import NO_FLOOR, SOURCES, device_top_k
 
 #: value dtype of every sparsifier buffer
 VALUE_DTYPE = np.dtype(np.float32)
@@ -111,7 +112,7 @@ class MagnitudeKeys:
         self._keys_out = keys if keys is not None or not scratch else empty(self.size, "int32", acc)
         self._keys = None
         self.mask = empty(self.size, "bool", acc) if mask is None and scratch else mask
-        self._marked = None  # the key the mask holds ``keys >= key`` for
+        self._marked, self._marked_count = None, None  # the key the mask holds ``keys >= key`` for, its count
         self.candidates = candidates
         self._answered = None  # (indices, their keys) of the last at_least answered from the candidates
         if candidates is None:
@@ -139,8 +140,8 @@ class MagnitudeKeys:
             self.candidates, self._answered = self._rescan(key), None  # (the scratch they viewed is rewritten)
             return self.candidates.count
         self._marked = key
-        self.mask, count = mark_at_least(self.keys, key, self.mask)
-        return count
+        self.mask, self._marked_count = mark_at_least(self.keys, key, self.mask)
+        return self._marked_count
 
     def at_least(self, key, keep=True):
         """Sorted int64 indices whose key is >= ``key`` (``keep=False``: a caller that keeps none
@@ -160,8 +161,8 @@ class MagnitudeKeys:
             return self._answered[0]
         if self._marked != key:
             self._marked = key
-            self.mask, _ = mark_at_least(self.keys, key, self.mask)
-        return compact(self.mask)
+            self.mask, self._marked_count = mark_at_least(self.keys, key, self.mask)
+        return compact(self.mask, self._marked_count)  # (a known count: no second read-back on a device)
 
     def at(self, indices):
         if self._answered is not None and indices is self._answered[0]:
@@ -179,6 +180,10 @@ class MagnitudeKeys:
 
     def kth_largest(self, k):
         return kth_largest(self.keys, k)
+
+    def on_device(self):
+        """Whether the keys are torch's on the device path (no first pass's candidates, no numpy view)."""
+        return is_torch(self.acc) and self.candidates is None and numpy_view(self.acc) is None
 
     def empty_indices(self):
         return empty(0, "int64", self.acc)
@@ -227,6 +232,9 @@ def top_k(keys, k, floor=None):
         return TopK(keys.empty_indices(), _INF_KEY, floor, "all")
     if k >= n:
         return TopK(keys.all_indices(), smallest(keys.keys), floor, "all")
+    if keys.on_device():  # the same answers as device tensors, none read back
+        return TopK(*device_top_k(keys, k, floor, (CANDIDATE_LIMIT, CANDIDATE_COMFORT, CANDIDATE_TARGET,
+                                                   FLOOR_MARGIN, FLOOR_SAMPLE)))
     source = "floor"
     candidates = None if floor is None else _candidates(keys, floor, k)        # step 1
     if candidates is None:                                                      # step 2
@@ -381,6 +389,13 @@ class Rule:
     def load_state_dict(self, d):
         pass
 
+    def snapshot(self):
+        """What :meth:`restore` needs to undo a step (a step that failed keeps no threshold)."""
+        return self.state_dict()
+
+    def restore(self, snapshot):
+        self.load_state_dict(snapshot)
+
 
 class TopKRule(Rule):
     """Exact top-k by magnitude (ties to the lower index): exactly min(k, n) entries.
@@ -396,18 +411,36 @@ class TopKRule(Rule):
         self.floor, self.sampled_floors, self.full_selections = None, 0, 0
 
     def candidate_floor(self):
-        return self.floor
+        return self._host_floor()
 
     def select(self, acc, keys, k, step, rank):
-        found = top_k(keys, k, self.floor)
+        # (a device's floor read back only if this step runs on the host: the path was switched)
+        found = top_k(keys, k, self.floor if keys.on_device() else self._host_floor())
         self.floor = found.floor
-        self.sampled_floors += int(found.source == "sample")
-        self.full_selections += int(found.source == "full")
+        if isinstance(found.source, str):
+            self.sampled_floors += int(found.source == "sample")
+            self.full_selections += int(found.source == "full")
+        else:  # the device's codes: the counts stay there too, read at a checkpoint
+            self.sampled_floors = (found.source == SOURCES.index("sample")) + self.sampled_floors
+            self.full_selections = (found.source == SOURCES.index("full")) + self.full_selections
         return found.indices, "exact"
 
+    def snapshot(self):  # as they are: a device's are not read back (select replaces, never updates, them)
+        return self.floor, self.sampled_floors, self.full_selections
+
+    def restore(self, snapshot):
+        self.floor, self.sampled_floors, self.full_selections = snapshot
+
+    def _host_floor(self):
+        """The floor as the host's: a Python int or None (a device's is read back)."""
+        if self.floor is None or isinstance(self.floor, int):
+            return self.floor
+        floor = int(self.floor)
+        return None if floor == NO_FLOOR else floor
+
     def state_dict(self):
-        return {"has_floor": int(self.floor is not None),
-                "floor": int(0 if self.floor is None else self.floor),
+        floor = self._host_floor()
+        return {"has_floor": int(floor is not None), "floor": int(0 if floor is None else floor),
                 "sampled_floors": int(self.sampled_floors), "full_selections": int(self.full_selections)}
 
     def load_state_dict(self, d):

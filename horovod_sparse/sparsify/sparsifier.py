@@ -24,6 +24,7 @@ from horovod_sparse.ops import host, kernels, namespace
 from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.ops.indices import compact, isin_sorted, take
 from horovod_sparse.ops.pieces import as_piece, is_pieces
+from horovod_sparse.ops.views import numpy_view
 from horovod_sparse.pipeline import Pipeline, engine_state, load_engine_state, with_prefix, without_prefix
 from horovod_sparse.sparsify.first_pass import CandidateScratch, first_pass, fusable, rescan
 from horovod_sparse.sparsify.selection import MagnitudeKeys, k_for
@@ -44,24 +45,40 @@ class StepInfo:
     selected : sorted int64 global selection; equals the result's support for the
         allgather/dsa exchanges, the global top-k for oktopk/gtopk, all of [0, n)
         on dense (warm-up) steps.
+    method : how the local selection was found ("exact", "threshold", "estimate",
+        "corrected", or "dense" on warm-up steps).
+    traffic : :class:`~horovod_sparse.exchange.Traffic` of this step on this rank.
+    consumed : which of ``local_indices`` were consumed: None (all of them: allgather,
+        dsa, dense), their positions (int64), or on a device a bool mask over them (its
+        compaction reads the count back, so it waits until asked for).
     cleared_indices : sorted int64 indices whose accumulated values were consumed
         (the residual was zeroed there): ``local_indices`` for allgather/dsa/dense,
         ``local_indices ∩ selected`` for oktopk/gtopk.
     kept_values : float32 accumulated values at ``cleared_indices`` (this rank's
         share of the result). Conservation: these + new residual == accumulated.
-    method : how the local selection was found ("exact", "threshold", "estimate",
-        "corrected", or "dense" on warm-up steps).
-    traffic : :class:`~horovod_sparse.exchange.Traffic` of this step on this rank.
     """
 
     step: int
     local_indices: Any
     sent_values: Any
     selected: Any
-    cleared_indices: Any
-    kept_values: Any
     method: str
     traffic: Traffic
+    consumed: Any = None
+
+    @property
+    def cleared_indices(self):
+        return self._consumed_of(self.local_indices)
+
+    @property
+    def kept_values(self):
+        return self._consumed_of(self.sent_values)
+
+    def _consumed_of(self, x):
+        if self.consumed is None:
+            return x
+        bools = namespace.dtype_of(self.consumed, "bool") == self.consumed.dtype
+        return take(x, compact(self.consumed) if bools else self.consumed)
 
 
 class Sparsifier(Pipeline):
@@ -177,7 +194,7 @@ class Sparsifier(Pipeline):
         """
         acc, acc_finite, candidates = self._first_pass(grad)                  # step 1
         finite = finite and acc_finite
-        rule_state = self.rule.state_dict()
+        rule_state = self.rule.snapshot()
         try:
             k = self.k_at(self.step_count)
             warmup = k == self.n and self.k < self.n  # the same engine on every rank, finite or not
@@ -193,22 +210,25 @@ class Sparsifier(Pipeline):
             sent = take(acc, local)                                     # step 3
             result = engine.allreduce(host.to_host(local), host.to_host(sent), tag=tag, finite=finite)
         except BaseException:
-            self.rule.load_state_dict(rule_state)  # carried thresholds are not kept either
+            self.rule.restore(rule_state)  # carried thresholds are not kept either
             raise
+        consumed, where = None, None
         if engine is self.dense_engine:                                         # step 4
             indices, values = local, host.from_host(result.values, acc)
-            selected, cleared, kept = local, local, sent
+            selected = local
         else:
             indices = host.from_host(result.indices, acc)
             values = host.from_host(result.values, acc)
             selected = indices if result.selected is result.indices else host.from_host(result.selected, acc)
-            cleared, kept = local, sent                                         # step 5
-            if self.exchange in SELECTING_EXCHANGES:
-                consumed = compact(isin_sorted(local, selected))
-                cleared, kept = take(local, consumed), take(sent, consumed)
-        self.memory.commit_cleared(acc, cleared)                                # step 6
-        self.last = StepInfo(self.step_count, local, sent, selected, cleared, kept, method,
-                             result.traffic)
+            if self.exchange in SELECTING_EXCHANGES:                            # step 5
+                kept = isin_sorted(local, selected)
+                if namespace.is_torch(kept) and numpy_view(kept) is None:  # a device's mask, not compacted
+                    consumed = where = kept
+                else:
+                    consumed = compact(kept)
+        cleared = local if consumed is None or where is not None else take(local, consumed)
+        self.memory.commit_cleared(acc, cleared, where)                         # step 6
+        self.last = StepInfo(self.step_count, local, sent, selected, method, result.traffic, consumed)
         self.step_count += 1
         return indices, values
 

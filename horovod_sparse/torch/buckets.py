@@ -110,6 +110,11 @@ class StepSum:
         self.frozen = frozen  # gradients of frozen parameters: zero on every rank (checked)
         self.entries = layout.by_key
         self.sparse = isinstance(summed, tuple)
+        if self.sparse and not host_shortcut_allowed(summed[1]):
+            # On a device, where each gradient's pairs start is a read-back: the pairs are
+            # scattered into one dense buffer instead (two launches, no wait), and each write
+            # is then a slice's product, the same float32 products and zeros as the pairs'.
+            summed, self.sparse = _densified(layout.n, *summed), False
         if self.sparse:
             indices, self.values = summed
             # Where each gradient's pairs start and end: one binary search per gradient. The
@@ -152,6 +157,11 @@ class StepSum:
             else:
                 flat_out.copy_(part * scale)
         return out
+
+
+def _densified(n, indices, values):
+    """The sparse sum ``(indices, values)`` as a dense buffer of ``n`` entries (zero elsewhere)."""
+    return torch.zeros(n, dtype=values.dtype, device=values.device).index_copy_(0, indices, values)
 
 
 class NonFiniteSum:

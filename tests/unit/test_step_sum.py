@@ -1,5 +1,7 @@
 """StepSum (torch/out_of_band.py): one step's summed pairs written back into each gradient, checked
 bitwise against a numpy oracle that densifies the fused sum and cuts it by the layout."""
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -26,8 +28,19 @@ def oracle(layout, indices, values, scale):
     return {e.key: dense[e.offset:e.offset + e.size].reshape(e.shape) for e in layout.entries}
 
 
+def on(path):
+    """The host's path, or the device's (where the pairs are scattered into one dense buffer first)."""
+    return cpu.device_path() if path == "device" else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("path", ["host", "device"])
 @pytest.mark.parametrize("scale", [1.0, 0.5, 1 / 3])
-def test_sparse_sum_is_written_into_each_gradient_bitwise(scale):
+def test_sparse_sum_is_written_into_each_gradient_bitwise(scale, path):
+    with on(path):
+        written_bitwise(scale)
+
+
+def written_bitwise(scale):
     keys, grads, layout, rng = make(1)
     assert layout.starts == [e.offset for e in layout.entries] + [layout.n]
     assert all(layout.by_key[e.key] is e for e in layout.entries)
@@ -35,6 +48,7 @@ def test_sparse_sum_is_written_into_each_gradient_bitwise(scale):
     indices[-1] = layout.n - 1  # the last gradient's only element
     values = rng.standard_normal(9).astype(np.float32)
     step = StepSum(layout, grads, (torch.from_numpy(indices), torch.from_numpy(values)))
+    assert step.sparse != cpu.device_path_chosen()  # the device's path writes a dense buffer's slices
     expected = oracle(layout, indices, values, scale)
     for key in keys:
         out = step.write(key, scale)
@@ -44,11 +58,13 @@ def test_sparse_sum_is_written_into_each_gradient_bitwise(scale):
         assert out.numpy().tobytes() == want.tobytes(), key
 
 
-def test_sparse_sum_with_no_pairs_zeroes_every_gradient():
+@pytest.mark.parametrize("path", ["host", "device"])
+def test_sparse_sum_with_no_pairs_zeroes_every_gradient(path):
     keys, grads, layout, _ = make(2)
-    step = StepSum(layout, grads, (torch.zeros(0, dtype=torch.int64), torch.zeros(0)))
-    for key in keys:
-        assert not step.write(key, 0.5).any()
+    with on(path):
+        step = StepSum(layout, grads, (torch.zeros(0, dtype=torch.int64), torch.zeros(0)))
+        for key in keys:
+            assert not step.write(key, 0.5).any()
 
 
 def test_dense_sum_is_copied_and_scaled_bitwise():
@@ -78,6 +94,7 @@ def test_a_device_scale_writes_the_host_scales_bits(size, averaged):
             indices = np.sort(rng.choice(layout.n, size=9, replace=False)).astype(np.int64)
             values = rng.standard_normal(layout.n).astype(np.float32)
             summed = (torch.from_numpy(indices), torch.from_numpy(values[:9])) if sparse else torch.from_numpy(values)
-            step = StepSum(layout, grads, summed)
-            written.append([step.write(key, scale).numpy().tobytes() for key in keys])
+            with on("device" if isinstance(scale, torch.Tensor) else "host"):
+                step = StepSum(layout, grads, summed)
+                written.append([step.write(key, scale).numpy().tobytes() for key in keys])
         assert written[0] == written[1], (sparse, size, averaged)

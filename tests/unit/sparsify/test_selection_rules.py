@@ -1,12 +1,16 @@
 """Local selection rules against brute-force numpy, the documented count bounds, the carried
 thresholds, and torch tensors selecting the same entries as numpy arrays."""
+import contextlib
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from horovod_sparse.fft.selection import TopCoefficients
+from horovod_sparse.ops import cpu
 from horovod_sparse.sparsify import count_bounds, k_for, selection
+from horovod_sparse.sparsify.device_topk import NO_FLOOR, SOURCES
 from horovod_sparse.sparsify.selection import keys_of
 
 
@@ -263,6 +267,31 @@ def test_top_k_from_any_floor_is_the_exact_top_k(kind, floor_at):
     assert np.array_equal(found.indices, brute_top_k(acc, k))
     assert found.source in (("sample", "full") if floor is None else ("floor", "sample", "full"))
     assert found.floor is None or 0 <= found.floor <= 0x7FC00000
+    assert_the_device_finds(found, acc, k, floor)
+
+
+def assert_the_device_finds(found, acc, k, floor):
+    """The device's top-k (torch's ops, every branch computed, none read back) gives the host's
+    indices, k-th key, next floor and source."""
+    with cpu.device_path():
+        tensor = torch.from_numpy(acc.copy())
+        on_device = selection.top_k(keys_of(tensor), k, floor)
+        assert isinstance(on_device.floor, torch.Tensor) and on_device.floor.dim() == 0
+        got = (on_device.indices.numpy().tolist(), int(on_device.kth),
+               None if int(on_device.floor) == NO_FLOOR else int(on_device.floor), SOURCES[int(on_device.source)])
+    assert got == (found.indices.tolist(), int(found.kth), found.floor, found.source)
+
+
+@pytest.mark.parametrize("n, k, nans", [(200_000, 2000, 0), (20_000, 200, 210), (20_000, 200, 900), (5000, 4999, 0)])
+@pytest.mark.parametrize("floor", [None, 0x7FC00000, 0x3F800000, 0])
+def test_the_devices_top_k_is_the_hosts(n, k, nans, floor):
+    """Strided samples (n > FLOOR_SAMPLE), NaNs among the largest (a NaN floor, none carried
+    after it), floors above every key, at 1.0 and at 0."""
+    acc = data("student_t2", n, seed=n + nans)
+    acc[np.random.default_rng(nans).choice(n, nans, replace=False)] = np.nan
+    found = selection.top_k(keys_of(acc), k, floor)
+    assert np.array_equal(found.indices, brute_top_k(acc, k))
+    assert_the_device_finds(found, acc, k, floor)
 
 
 def test_top_k_rule_carries_a_floor_and_skips_the_full_partition():
@@ -314,18 +343,50 @@ RULES = [lambda: selection.TopKRule(), lambda: selection.ThresholdRule(1.0),
          lambda: selection.OkTopkLocalRule(4)]
 
 
+@pytest.mark.parametrize("path", ["host", "device"])
 @pytest.mark.parametrize("make_rule", RULES, ids=["topk", "threshold", "gaussiank", "dgc", "oktopk"])
 @pytest.mark.parametrize("kind", ["normal", "student_t2", "sparse", "ties"])
-def test_torch_tensors_select_what_numpy_arrays_select(make_rule, kind):
+def test_torch_tensors_select_what_numpy_arrays_select(make_rule, kind, path):
     """Same rule, same data, over several steps: numpy and torch pick the same indices and
-    carry the same state (integer keys make every comparison exact)."""
+    carry the same state (integer keys make every comparison exact); torch on the host's path
+    (numpy's kernels on views) and on the device's (torch's own ops, as on a GPU: top-k's
+    branches chosen on the device, its floor read back only by state_dict)."""
     n, k = 30_000, 300
     on_numpy, on_torch = make_rule(), make_rule()
     for step in range(6):
         acc = data(kind, n, seed=100 + step)
         got_numpy, method_numpy = on_numpy.select(acc, keys_of(acc), k, step, 1)
         tensor = torch.from_numpy(acc.copy())
-        got_torch, method_torch = on_torch.select(tensor, keys_of(tensor), k, step, 1)
+        with cpu.device_path() if path == "device" else contextlib.nullcontext():
+            got_torch, method_torch = on_torch.select(tensor, keys_of(tensor), k, step, 1)
         assert isinstance(got_torch, torch.Tensor) and got_torch.dtype == torch.int64
         assert np.array_equal(got_numpy, got_torch.numpy()) and method_numpy == method_torch
         assert repr(on_numpy.state_dict()) == repr(on_torch.state_dict())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ffts_top_coefficients_on_the_device_are_the_hosts(kind):
+    """FFT's exact top-k (its own carried bound on the host; on the device the k-th key and the
+    same fixed-size compaction as top-k's) selects the same positions from the same keys."""
+    on_host, on_device = TopCoefficients(), TopCoefficients()
+    for step, k in enumerate((200, 200, 1, 19_999, 300)):
+        keys = keys_of(data(kind, 20_000, seed=7 + step)).keys
+        want = on_host.select(keys, k, np.empty(keys.shape[0], np.bool_))
+        with cpu.device_path():
+            tensor = torch.from_numpy(keys.copy())
+            got = on_device.select(tensor, k, torch.empty(tensor.shape[0], dtype=torch.bool))
+        assert np.array_equal(want, got.numpy()), (kind, step, k)
+
+
+def test_top_k_rule_carries_its_floor_across_a_switch_of_path():
+    """Steps alternating between the device's path (the floor a 0-d tensor) and the host's (an
+    int) select and carry what steps on numpy alone do."""
+    rng = np.random.default_rng(0)
+    on_numpy, switching = selection.TopKRule(), selection.TopKRule()
+    for step in range(6):
+        acc = rng.standard_normal(30_000).astype(np.float32)
+        want, _ = on_numpy.select(acc, keys_of(acc), 300, step, 0)
+        tensor = torch.from_numpy(acc.copy())
+        with cpu.device_path() if step % 2 else contextlib.nullcontext():
+            got, _ = switching.select(tensor, keys_of(tensor), 300, step, 0)
+        assert np.array_equal(want, got.numpy()) and on_numpy.state_dict() == switching.state_dict(), step
