@@ -274,6 +274,9 @@ class Momentum(Memory):
             return self.accumulate(sys.modules["tensorflow"].concat([_float32(p) for p in pieces], axis=0))
         u = self._spare_of("momentum_buffer")
         lib = backend(u)
+        if _fuses_pieces(u):  # the gradient fused into u, then u + momentum * u_old: the same sum
+            sys.modules["torch"].cat(pieces, out=u)
+            return u.add_(self.momentum_buffer * np.float32(self.momentum))
         for piece, part in _slices(pieces):
             _momentum_step(lib, self.momentum_buffer[part], self.momentum, _float32(piece), out=u[part])
         return u

@@ -246,22 +246,24 @@ class FFTSparsifier(Pipeline):
         positions = coefficient_positions(coefficients, namespace.empty(2 * kept_count, "int64", keys))
         values = coefficient_values(spectrum, coefficients)
         positions, values = views.as_like(positions, acc), views.as_like(values, acc)
-        sent = host.to_host(positions)
-        result = self.engine.allreduce(sent, host.to_host(values), tag=tag)       # step 4
+        sent, sent_values = host.to_host_packed(positions, values)
+        result = self.engine.allreduce(sent, sent_values, tag=tag)                  # step 4
 
-        decoded = host.from_host(result.sent_values, acc)  # aligned with positions (sorted)
-        cleared, kept_values = positions, decoded
+        # back in one transfer: the values as sent (decoded; aligned with positions, sorted),
+        # what the exchange consumed of them (oktopk), and the summed pairs
+        back = [result.sent_values, result.indices, result.values]
         if self.exchange == "oktopk":
             consumed = mask_in_sorted(sent, np.asarray(result.selected, dtype=np.int64))
-            cleared = host.from_host(sent[consumed], acc)
-            kept_values = host.from_host(result.sent_values[consumed], acc)
+            back += [sent[consumed], result.sent_values[consumed]]
+        back = host.from_host_packed(back, acc)
+        decoded, summed_indices, summed_values = back[:3]
+        cleared, kept_values = (positions, decoded) if self.exchange != "oktopk" else back[3:]
         # TensorFlow: each inverse makes its own tensor, no buffer to write into
         out = None if namespace.is_tensorflow(acc) else namespace.new_empty(self.n, "float32", acc)
         if self.error_feedback:                                                      # step 6
             out = self._inverse_sparse(cleared, kept_values, out, ws)
             self.memory.commit_minus(acc, out)
-        out = self._inverse_sparse(host.from_host(result.indices, acc),           # step 5
-                                   host.from_host(result.values, acc), out, ws)
+        out = self._inverse_sparse(summed_indices, summed_values, out, ws)          # step 5
         self.last = FFTStepInfo(self.step_count, kept_count, theta, result.traffic, positions, decoded,
                                 cleared, lambda: self._kept(cleared, kept_values, ws))
         self.step_count += 1

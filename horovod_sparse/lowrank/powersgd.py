@@ -14,8 +14,8 @@ TensorFlow frontend's host call on a GPU, or with ``on_device``), and the step r
 TensorFlow ops on its device: the same steps, the kernels of :mod:`.factors` returning new
 tensors where numpy's write into the workspace (:func:`_joined`, :func:`_spliced` put the
 pieces together). Only the factors cross to the host, for the two mpi4py Allreduces: P and
-the dense vector out, their sum back as the orthonormal basis and the dense sum; Q out, its
-sum back; the start Q's in.
+the dense vector out, their sum back as the orthonormal basis and the dense sum (one
+transfer); Q out, its sum back with the next step's start Q's (one transfer).
 
 One step, per compressed matrix M (a x b, see :mod:`.plan`; products in :mod:`.factors`),
 with rank r:
@@ -27,7 +27,8 @@ with rank r:
    fresh standard-normal draw; the first Q is a draw too). Draws come from
    ``np.random.default_rng([seed, matrix index, step])`` and so are identical on every
    rank. Orthonormalising Q first, as PyTorch does, keeps P at the scale of M instead
-   of M M^T (it changes nothing else: the span of P is the same);
+   of M M^T (it changes nothing else: the span of P is the same). The previous step
+   computed them ahead and uploaded them with its Q sum;
 3. P = M Q (float32); ONE Allreduce (sum) of all P matrices and the dense vector, float32;
 4. P_orth = Gram-Schmidt(sum of P) (:mod:`.orthogonal`), where the sum arrived: on the
    host, in float64 numpy without BLAS, so every rank gets the same bits whatever its
@@ -229,6 +230,9 @@ class PowerSGDPipeline(Pipeline):
         self.world_rank, self.world_size = self._comm.rank, self._comm.size
         self._memory = ErrorFeedback(self.n, self.error_feedback)
         self._q = [self._draw(i, 0) for i in range(len(self.plan.matrices))]
+        # the next step's start Q's, already where its gradient lives: a step uploads them with
+        # its Q sum (one transfer fewer); ((step, where), start), None when nothing is ahead
+        self._start_ahead = None
         self._calls = 0
         self._results = views.ReusedResult(self.n)  # step 6's output on the CPU
         self.last: Optional[PowerSGDStepInfo] = None
@@ -248,14 +252,29 @@ class PowerSGDPipeline(Pipeline):
         rng = np.random.default_rng([self.seed, index, step])
         return rng.standard_normal((block.cols, block.rank)).astype(np.float32)
 
-    def _start_q(self, index, step):
-        """The orthonormal float64 Q this step multiplies M by (identical on every rank)."""
-        q = self._q[index] if self.warm_start else self._draw(index, step)
+    def _start_q(self, index, step, qs):
+        """The orthonormal Q ``step`` multiplies M by (identical on every rank), from the
+        warm-start Q's ``qs``."""
+        q = qs[index] if self.warm_start else self._draw(index, step)
         basis, zero_columns = orthonormalize(q)
         if zero_columns:
             # A zero summed Q (e.g. a zero gradient) would stay zero forever: draw anew.
             basis, _ = orthonormalize(self._draw(index, step))
         return basis
+
+    def _starts(self, step, qs, out):
+        """Every matrix's start Q for ``step`` into the host buffer ``out`` (returned)."""
+        for i, (block, _, q_span) in enumerate(self._spans):
+            out[q_span] = self._start_q(i, step, qs).ravel()
+        return out
+
+    def _start_for(self, acc, ws):
+        """Step 2's start Q's where acc lives: those the previous step uploaded for this step,
+        else computed and uploaded now (the first step, after a warm-up or a restore)."""
+        where = (self.step_count, type(acc), getattr(acc, "device", None))
+        if self._start_ahead is not None and self._start_ahead[0] == where:
+            return self._start_ahead[1]
+        return host.from_host(self._starts(self.step_count, self._q, ws.start), acc)
 
     # ------------------------------------------------------------------- step
     def _checked(self, grad):
@@ -342,9 +361,7 @@ class PowerSGDPipeline(Pipeline):
         lib = library(m)  # None on TensorFlow: the kernels return new tensors, ws has no buffers
         blocks = [BlockView(m, block) for block in plan.matrices]
 
-        for i, (block, _, q_span) in enumerate(self._spans):                        # step 2
-            ws.start[q_span] = self._start_q(i, self.step_count).ravel()
-        start = kernel(host.from_host(ws.start, acc))
+        start = kernel(self._start_for(acc, ws))                                    # step 2
 
         send = kernel(ws.send)                                                      # step 3
         p_local = [project(lib, view, _factor(start, q_span, block.cols), _factor(send, p_span, block.rows))
@@ -356,7 +373,7 @@ class PowerSGDPipeline(Pipeline):
         for block, p_span, _ in self._spans:                                        # step 4
             basis, _ = orthonormalize(p_summed[p_span].reshape(block.rows, block.rank))
             ws.basis[p_span] = basis.ravel()
-        basis = host.from_host(ws.basis, acc)
+        basis, dense_sum = host.from_host_packed((ws.basis, p_summed[plan.p_size:]), acc)  # one transfer
 
         q_send = kernel(ws.q_send)                                                  # step 5
         q_local = [back_project(lib, view, _factor(kernel(basis), p_span, block.rows),
@@ -364,12 +381,13 @@ class PowerSGDPipeline(Pipeline):
                    for view, (block, p_span, q_span) in zip(blocks, self._spans)]
         q_local = _joined(ws.q_send, q_local, acc)
         q_summed = self._allreduce(host.to_host(q_local), ws.q_summed)
-        q_sum = host.from_host(q_summed, acc)
+        next_q = [q_summed[q_span].reshape(block.cols, block.rank) for block, _, q_span in self._spans]
+        next_start = self._starts(self.step_count + 1, next_q, np.empty_like(ws.start))  # step 2, ahead
+        q_sum, next_start = host.from_host_packed((q_summed, next_start), acc)  # one transfer
 
         # Step 6 in the buffer's own library: element-wise work, where torch's CPU kernels
         # beat numpy's broadcasting ones (4096 x 2048 outer product: 1 vs 4 ms).
         out = self._result(acc)                                                     # step 6
-        dense_sum = host.from_host(p_summed[plan.p_size:], acc)
         if fused:  # the result and the residual in one pass
             self._expand_fused(out, acc, basis, q_sum, q_local)
             _scatter_dense(plan, dense_sum, out)
@@ -381,8 +399,8 @@ class PowerSGDPipeline(Pipeline):
                 acc = _spliced(acc, self._expand(acc, basis, q_local, ws, subtract=True))
             self._memory.commit_cleared(acc, ws.dense_positions)
         if self.warm_start:
-            self._q = [q_summed[q_span].reshape(block.cols, block.rank).copy()
-                       for block, _, q_span in self._spans]
+            self._q = [q.copy() for q in next_q]
+        self._start_ahead = ((self.step_count + 1, type(acc), getattr(acc, "device", None)), next_start)
         self.last = PowerSGDStepInfo(self.step_count, self._comm.traffic - before, len(blocks),
                                      lambda: self._kept(ws, *factors))
         self.step_count += 1
@@ -484,6 +502,7 @@ class PowerSGDPipeline(Pipeline):
         if self.error_feedback:
             self._memory.load_state_dict({"residual": saved_array(state, "residual", (self.n,))})
         self._q = [q.copy() for q in qs]
+        self._start_ahead = None
         self._calls = int(state["calls"])
 
     def __repr__(self):

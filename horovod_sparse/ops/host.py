@@ -8,6 +8,12 @@ start) are read back by :func:`to_list`, counted as reads: on a CPU tensor ``.to
 and ``.numpy()`` never reach torch's dispatcher, so only these counters see them
 (:mod:`horovod_sparse.ops.counting`).
 
+A step that sends or receives several arrays (a sparse exchange's indices and values) crosses
+once each way: :func:`to_host_packed` and :func:`from_host_packed` pack them byte-wise into one
+buffer on the side they leave, and hand out views on the other. A CUDA tensor crosses through
+pinned host memory (torch's caching host allocator reuses the blocks from step to step) with an
+asynchronous copy: one wait on the way out, none on the way in.
+
 Example::
 
     HOST_TRAFFIC.reset()
@@ -18,7 +24,7 @@ import sys
 
 import numpy as np
 
-from horovod_sparse.ops.namespace import is_tensorflow, is_torch
+from horovod_sparse.ops.namespace import host_shortcut_allowed, is_tensorflow, is_torch
 
 
 class HostTraffic:
@@ -66,7 +72,29 @@ def to_host(x):
         return np.asarray(x)
     x = x.detach()
     HOST_TRAFFIC.count(x.numel() * x.element_size(), outbound=True)
+    if x.is_cuda:
+        return _pinned_copy_of(x)
     return x.contiguous().cpu().numpy()
+
+
+def to_host_packed(*xs):
+    """:func:`to_host` of several tensors in one crossing: a list of numpy arrays, one per
+    argument, in order. Tensors that must cross (on a GPU, or on the device path) are packed
+    byte-wise on their device by one ``cat`` (widest dtype first, so every piece stays aligned),
+    crossed once, and handed out as views of the host buffer; anything else crosses as
+    :func:`to_host` does (numpy and a CPU tensor's zero-copy view cost nothing to cross)."""
+    if not all(is_torch(x) and not host_shortcut_allowed(x) for x in xs) or len(xs) < 2:
+        return [to_host(x) for x in xs]
+    torch = sys.modules["torch"]
+    flat = [x.detach().reshape(-1) for x in xs]
+    order = sorted(range(len(flat)), key=lambda i: -flat[i].element_size())
+    packed = to_host(torch.cat([_bytes_of(flat[i]) for i in order]))
+    out, offset = [None] * len(flat), 0
+    for i in order:
+        nbytes = flat[i].numel() * flat[i].element_size()
+        out[i] = packed[offset:offset + nbytes].view(_numpy_dtype(flat[i].dtype))
+        offset += nbytes
+    return out
 
 
 def to_list(x):
@@ -88,5 +116,58 @@ def from_host(a, like):
     if not is_torch(like):
         return a
     HOST_TRAFFIC.count(a.nbytes, outbound=False)
-    t = sys.modules["torch"].from_numpy(np.ascontiguousarray(a))
-    return t if like.device.type == "cpu" else t.to(like.device, non_blocking=True)
+    torch = sys.modules["torch"]
+    if like.is_cuda:
+        pinned = torch.empty(a.shape, dtype=_torch_dtype(a.dtype), pin_memory=True)  # a cached block
+        pinned.numpy()[...] = a
+        # asynchronous from pinned memory: the allocator keeps the block until the copy is done
+        return pinned.to(like.device, non_blocking=True)
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t if like.device.type == "cpu" else t.to(like.device)
+
+
+def from_host_packed(arrays, like):
+    """:func:`from_host` of several numpy arrays in one crossing: a list of tensors in
+    ``like``'s library and device, one per array. Where ``like`` must cross (a GPU tensor, or
+    the device path), the arrays are packed byte-wise on the host (widest dtype first), crossed
+    once, and handed out as views (dtype views of slices: no kernel); anything else as
+    :func:`from_host` does."""
+    arrays = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    if not is_torch(like) or host_shortcut_allowed(like) or len(arrays) < 2:
+        return [from_host(a, like) for a in arrays]
+    order = sorted(range(len(arrays)), key=lambda i: -arrays[i].itemsize)
+    packed = from_host(np.concatenate([arrays[i].view(np.uint8) for i in order]), like)
+    out, offset = [None] * len(arrays), 0
+    for i in order:
+        piece = packed[offset:offset + arrays[i].nbytes]
+        out[i] = piece.view(_torch_dtype(arrays[i].dtype))
+        offset += arrays[i].nbytes
+    return out
+
+
+def _pinned_copy_of(x):
+    """A CUDA tensor's values in pinned host memory, as numpy: one asynchronous copy and one
+    wait for it (pageable memory would stage through a driver buffer, synchronously)."""
+    torch = sys.modules["torch"]
+    pinned = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)  # a cached block, reused
+    pinned.copy_(x, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(x.device))
+    done.synchronize()
+    return pinned.numpy()  # keeps the pinned tensor alive
+
+
+def _bytes_of(x):
+    """A 1-D tensor's bytes, as a uint8 view (an empty one may have stride 0, which no view takes)."""
+    torch = sys.modules["torch"]
+    return x.view(torch.uint8) if x.numel() else x.new_empty(0, dtype=torch.uint8)
+
+
+def _numpy_dtype(dtype):
+    """numpy's dtype of a torch dtype (torch.float32 -> float32), by name: no op dispatched."""
+    return np.dtype(str(dtype).removeprefix("torch."))
+
+
+def _torch_dtype(dtype):
+    """torch's dtype of a numpy dtype (float32 -> torch.float32), by name."""
+    return getattr(sys.modules["torch"], np.dtype(dtype).name)

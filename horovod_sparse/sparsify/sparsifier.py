@@ -187,8 +187,10 @@ class Sparsifier(Pipeline):
            memory's pass, one reduction, and no candidates;
         2. local selection by the rule on acc's magnitude keys (from the candidates, in
            O(k); else one pass for the keys, usually one comparison and one compaction);
-        3. gather the selected values; only (indices, values) cross to the host;
-        4. the exchange (numpy + mpi4py), and the summed pairs back to the device;
+        3. gather the selected values; only (indices, values) cross to the host, packed
+           into one transfer;
+        4. the exchange (numpy + mpi4py), and the summed pairs back to the device in one
+           transfer;
         5. cleared = local (allgather/dsa) or local ∩ global selection (oktopk/gtopk);
         6. commit: the residual is acc with zeros at the cleared indices.
         """
@@ -208,7 +210,7 @@ class Sparsifier(Pipeline):
                                                  self.step_count, self.rank)
                 engine = self.engine
             sent = take(acc, local)                                     # step 3
-            result = engine.allreduce(host.to_host(local), host.to_host(sent), tag=tag, finite=finite)
+            result = engine.allreduce(*host.to_host_packed(local, sent), tag=tag, finite=finite)
         except BaseException:
             self.rule.restore(rule_state)  # carried thresholds are not kept either
             raise
@@ -217,9 +219,12 @@ class Sparsifier(Pipeline):
             indices, values = local, host.from_host(result.values, acc)
             selected = local
         else:
-            indices = host.from_host(result.indices, acc)
-            values = host.from_host(result.values, acc)
-            selected = indices if result.selected is result.indices else host.from_host(result.selected, acc)
+            if result.selected is result.indices:
+                indices, values = host.from_host_packed((result.indices, result.values), acc)
+                selected = indices
+            else:
+                indices, values, selected = host.from_host_packed(
+                    (result.indices, result.values, result.selected), acc)
             if self.exchange in SELECTING_EXCHANGES:                            # step 5
                 kept = isin_sorted(local, selected)
                 if namespace.is_torch(kept) and numpy_view(kept) is None:  # a device's mask, not compacted

@@ -78,17 +78,18 @@ def test_a_step_under_the_device_path_runs_torch_ops(spec):
     assert ops["device_path"]["abs"] >= 1 and ops["numpy_only"]["abs"] == 0
 
 
-@pytest.mark.parametrize("memory", ["error_feedback", "momentum_correction"])
+@pytest.mark.parametrize("memory", ["error_feedback", "momentum_correction", "momentum"])
 def test_pieces_fused_on_the_device_path_give_the_host_paths_bits(memory):
     """On the device path a step's pieces are fused by one cat, then whole-buffer passes; the
     host path visits them one by one. float64 pieces round, float16 and bfloat16 widen, alike;
     the committed state (what was sent cleared) is the same too."""
-    from horovod_sparse.memory import ErrorFeedback, MomentumCorrection
+    from horovod_sparse.memory import ErrorFeedback, Momentum, MomentumCorrection
     rng = np.random.default_rng(3)
     dtypes = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float32)
     pieces = [torch.from_numpy(rng.standard_normal(size) * 3).to(dtype) for size, dtype in zip((7, 5, 4, 9, 3), dtypes)]
     n = sum(p.numel() for p in pieces)
-    make = (lambda: ErrorFeedback(n)) if memory == "error_feedback" else (lambda: MomentumCorrection(n, 0.9))
+    make = {"error_feedback": lambda: ErrorFeedback(n), "momentum_correction": lambda: MomentumCorrection(n, 0.9),
+            "momentum": lambda: Momentum(n, 0.9)}[memory]
     state = {name: rng.standard_normal(n).astype(np.float32) for name in make().state_names}
     results = {}
     for path in (cpu.numpy_only, cpu.device_path):
@@ -100,3 +101,34 @@ def test_pieces_fused_on_the_device_path_give_the_host_paths_bits(memory):
             mem.commit_cleared(acc, torch.tensor([0, 3, n - 1]))
             results[path.__name__] = acc_bytes, {k: v.tobytes() for k, v in mem.state_dict().items()}
     assert results["numpy_only"] == results["device_path"]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device (scripts/cuda_check.sh runs this case on one)"))])
+def test_several_arrays_cross_once_each_way_packed(device):
+    """A sparse exchange's indices and values (and whatever rides with them) cross in one
+    transfer each way where they must cross (the device path on the CPU; a GPU, through pinned
+    memory): packed byte-wise, widest dtype first, handed out as views with their own dtypes and
+    values; empty and odd-length pieces included."""
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(7).astype(np.float32), rng.integers(-2**40, 2**40, 5),
+              np.array([True, False, True]), np.arange(3, dtype=np.int32),
+              rng.standard_normal(1).astype(np.float16), np.empty(0, np.int64)]
+    tensors = [torch.from_numpy(a).to(device) for a in arrays]
+    nbytes = sum(a.nbytes for a in arrays)
+    with cpu.device_path():
+        host.HOST_TRAFFIC.reset()
+        crossed = host.to_host_packed(*tensors)
+        assert host.HOST_TRAFFIC.snapshot()["transfers_out"] == 1 and host.HOST_TRAFFIC.bytes_out == nbytes
+        for a, c, t in zip(arrays, crossed, tensors):
+            assert c.dtype == a.dtype and np.array_equal(c, a)
+            assert device != "cpu" or not np.shares_memory(c, t.numpy())  # a copy, as from a GPU
+        back = host.from_host_packed(crossed, tensors[0])
+        assert host.HOST_TRAFFIC.snapshot()["transfers_in"] == 1 and host.HOST_TRAFFIC.bytes_in == nbytes
+        for t, b in zip(tensors, back):
+            assert b.device == t.device and b.dtype == t.dtype and torch.equal(b, t)
+    if device == "cpu":  # the host's shortcut: CPU tensors cross as zero-copy views, one count each
+        host.HOST_TRAFFIC.reset()
+        crossed = host.to_host_packed(*tensors[:2])
+        assert host.HOST_TRAFFIC.snapshot()["transfers_out"] == 2
+        assert all(np.shares_memory(c, t.numpy()) for c, t in zip(crossed, tensors[:2]))

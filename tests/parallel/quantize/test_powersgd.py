@@ -305,15 +305,17 @@ def test_torch_kernels_agree_with_numpy(layout, rank, comm, assert_identical_acr
 
 def test_only_the_factors_cross_to_the_host(comm):
     """With torch input, what enters and leaves torch (host.HOST_TRAFFIC) is exactly the
-    factors: P's and dense vector out, Q's out; start Q's, orthonormal P's, summed Q's and
-    the dense sum in. Never the gradient."""
+    factors: P's and dense vector out, Q's out; orthonormal P's and the dense sum in, summed
+    Q's and the next step's start Q's in (the first step uploads its own start Q's too).
+    Never the gradient."""
     with _make(LAYOUT, 2) as pipe:
         plan = pipe.plan
         p, q, d = plan.p_size, plan.q_size, plan.dense_size
-        for step in range(2):
+        for step in range(3):
             host.HOST_TRAFFIC.reset()
             pipe.step(torch.from_numpy(gradient(LAYOUT, step)), tag=LAYOUT.tag)
             traffic = host.HOST_TRAFFIC
+            first = q if step == 0 else 0
             assert traffic.bytes_out == 4 * (p + d + q)
-            assert traffic.bytes_in == 4 * (q + p + q + d)
+            assert traffic.bytes_in == 4 * (first + p + d + q + q)
             assert traffic.largest == 4 * max(p + d, q) < 4 * LAYOUT.n

@@ -14,10 +14,12 @@ compressor's syncs grow with the gradients, and every one meets the sync target
 (``MEETS_SYNCS``): the dense sum (0), the quantizers, int4 included, PowerSGD and FFT (1: the
 step's finite check), the sparsifiers (top-k and gTop-k 1, gaussiank and threshold 2, DGC and
 Ok-Topk 3). No compressor meets the ops target counted with views (8-75 per gradient);
-counting only the ops that are not views (a view launches nothing) the dense sum, most
-quantizers, the sparsifiers and FFT do (``MEETS_OPS_NOT_VIEWS``). The transfer target is met by
-the dense sum and the quantizers, int4 included (``MEETS_TRANSFERS``), not by the sparsifiers
-(indices and values: 2 each way), PowerSGD (P and Q: 2 out, 4 in) or FFT.
+counting only the ops that are not views (a view launches nothing) every one but PowerSGD
+does (``MEETS_OPS_NOT_VIEWS``). The transfer target is met by
+the dense sum, the quantizers, int4 included, the sparsifiers but gaussiank and FFT
+(``MEETS_TRANSFERS``: several arrays cross packed into one buffer, ``ops/host.py``), not by
+gaussiank (its threshold's sample goes out before the selection: 2 out) or PowerSGD (one
+Allreduce of P's, one of Q's: 2 each way).
 """
 import pytest
 
@@ -30,25 +32,26 @@ FEW, MANY = 30, 120
 #: (2026-12-05, torch 2.13 CPU, after the probe's scale stayed on the device and the pieces were
 #: fused by one cat; the quantizers' broken-bucket, NaN and sign-count checks by masked fills and
 #: device counts since; the sparsifiers' and FFT's exact top-k on the device and the sparse sum
-#: written back dense since); ceilings with OPS_ROOM and SYNC_ROOM on top
+#: written back dense since; 2026-12-06: several arrays cross packed, PowerSGD's next start Q's
+#: uploaded with its Q sum); ceilings with OPS_ROOM and SYNC_ROOM on top
 MEASURED = {
-    "topk:density=0.01": ((359, 1, 2, 2), (1169, 1, 2, 2)),
-    "oktopk:density=0.01": ((364, 3, 2, 2), (1174, 3, 2, 2)),
-    "gtopk:density=0.01": ((363, 1, 2, 2), (1173, 1, 2, 2)),
-    "gaussiank:density=0.01": ((300, 2, 3, 2), (1110, 2, 3, 2)),
-    "dgc:density=0.01": ((303, 3, 2, 2), (1113, 3, 2, 2)),
-    "threshold:value=2.6": ((296, 2, 2, 2), (1106, 2, 2, 2)),
+    "topk:density=0.01": ((371, 1, 1, 1), (1181, 1, 1, 1)),
+    "oktopk:density=0.01": ((376, 3, 1, 1), (1186, 3, 1, 1)),
+    "gtopk:density=0.01": ((375, 1, 1, 1), (1185, 1, 1, 1)),
+    "gaussiank:density=0.01": ((312, 2, 2, 1), (1122, 2, 2, 1)),
+    "dgc:density=0.01": ((315, 3, 1, 1), (1125, 3, 1, 1)),
+    "threshold:value=2.6": ((308, 2, 1, 1), (1118, 2, 1, 1)),
     "dense": ((275, 0, 1, 1), (1085, 0, 1, 1)),
     "bf16": ((312, 1, 1, 1), (1032, 1, 1, 1)),
     "qsgd": ((724, 1, 1, 1), (1444, 1, 1, 1)),
     "int4": ((558, 1, 1, 1), (1278, 1, 1, 1)),
     "terngrad": ((564, 1, 1, 1), (1284, 1, 1, 1)),
     "signsgd": ((342, 1, 1, 1), (1062, 1, 1, 1)),
-    "signum": ((461, 1, 1, 1), (1541, 1, 1, 1)),
+    "signum": ((344, 1, 1, 1), (1064, 1, 1, 1)),
     "efsignsgd": ((572, 1, 1, 1), (1312, 1, 1, 1)),
     "onebit": ((586, 1, 1, 1), (1326, 1, 1, 1)),
-    "powersgd": ((2273, 1, 2, 4), (9023, 1, 2, 4)),
-    "fft": ((330, 1, 2, 3), (1050, 1, 2, 3)),
+    "powersgd": ((2283, 1, 2, 2), (9033, 1, 2, 2)),
+    "fft": ((344, 1, 1, 1), (1064, 1, 1, 1)),
 }
 OPS_ROOM = 1.02  # a torch upgrade may split or fuse an op or two; a new op per gradient is +30 / +120
 SYNC_ROOM = 1    # a read-back that depends on the data (a rescan); a new one per gradient is +30 / +120
@@ -59,9 +62,8 @@ QUANTIZERS = ("bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "one
 SPARSIFIERS = ("topk:density=0.01", "oktopk:density=0.01", "gtopk:density=0.01", "gaussiank:density=0.01",
                "dgc:density=0.01", "threshold:value=2.6")
 MEETS_SYNCS = tuple(MEASURED)  # every one
-MEETS_OPS_NOT_VIEWS = ("dense", "bf16", "qsgd", "int4", "terngrad", "signsgd", "efsignsgd", "onebit", "fft",
-                       *SPARSIFIERS)
-MEETS_TRANSFERS = ("dense", *QUANTIZERS, "int4")
+MEETS_OPS_NOT_VIEWS = ("dense", *QUANTIZERS, "int4", "fft", *SPARSIFIERS)  # all but PowerSGD
+MEETS_TRANSFERS = ("dense", *QUANTIZERS, "int4", "fft", *(s for s in SPARSIFIERS if not s.startswith("gaussiank")))
 
 
 @pytest.fixture(autouse=True)
