@@ -30,6 +30,17 @@ Rank 0 prints a table and appends one JSON object per algorithm to ``--out``.
 around it): ranks 0 and 1 bounce one int64 ``--repeats`` x 500 times; the record
 (``"kind": "pingpong"``) holds the median one-way time.
 
+``--transport horovod`` runs the exchanges over Horovod's own collectives instead of mpi4py
+(:class:`horovod_sparse.horovod_collectives.HorovodCollectives`, as under ``horovodrun --gloo``;
+Horovod initialised by ``horovod.torch``): only the algorithms without point-to-point messages,
+``dense`` and ``allgather``. ``--latency`` times one 8-byte Allreduce over the chosen transport
+instead (the fixed cost of a collective; Horovod's includes its negotiation cycle): the record
+(``"kind": "latency"``) holds the median seconds per Allreduce. Both transports side by side:
+
+    mpirun -np 2 python scripts/bench_exchange.py --n 1000000 --algorithms dense,allgather
+    mpirun -np 2 python scripts/bench_exchange.py --n 1000000 --transport horovod
+    mpirun -np 2 python scripts/bench_exchange.py --latency --transport horovod
+
 ``--report RECORDS.jsonl`` (no MPI) reads such records back and prints, per algorithm and P,
 the counted volume per rank and call against the closed forms of
 :mod:`horovod_sparse.whatif.volumes`, from (n, k, P) alone and fed the data of
@@ -67,6 +78,8 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 DEFAULT_ALGORITHMS = ("dense", "allgather", "oktopk", "gtopk", "dsa")
+#: what Horovod's collectives carry (no point-to-point messages)
+HOROVOD_ALGORITHMS = ("dense", "allgather")
 RATE_ENV = "HSP_NETEM_RATE"   # set by scripts/netem.py
 
 
@@ -163,6 +176,10 @@ def parse_args(argv=None):
                         "data for the data-fed closed forms)")
     p.add_argument("--step", type=int, default=None,
                    help="which recorded step of --selections (default: the first)")
+    p.add_argument("--transport", choices=("mpi", "horovod"), default="mpi",
+                   help="mpi4py (default) or Horovod's collectives (dense and allgather only)")
+    p.add_argument("--latency", action="store_true",
+                   help="time one 8-byte Allreduce over --transport instead (a collective's fixed cost)")
     p.add_argument("--pingpong", action="store_true",
                    help="time one small message between ranks 0 and 1 instead (the model's alpha)")
     p.add_argument("--report", default=None, metavar="RECORDS.jsonl",
@@ -175,7 +192,17 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.n < 1 or not (0 < a.density <= 1) or a.repeats < 1 or a.warmup < 0:
         p.error("need n >= 1, 0 < density <= 1, repeats >= 1, warmup >= 0")
+    given = any(arg == "--algorithms" or arg.startswith("--algorithms=") for arg in (argv or sys.argv[1:]))
+    if a.transport == "horovod" and not given:
+        a.algorithms = ",".join(HOROVOD_ALGORITHMS)
     a.algorithms = [s.strip() for s in a.algorithms.split(",") if s.strip()]
+    if a.transport == "horovod":
+        if a.pingpong:
+            p.error("--pingpong sends point-to-point messages, which Horovod's collectives do not carry: use --latency")
+        carried = [x for x in a.algorithms if x not in HOROVOD_ALGORITHMS]
+        if carried:
+            p.error(f"--transport horovod carries {', '.join(HOROVOD_ALGORITHMS)} only (no point-to-point "
+                    f"messages), not {', '.join(carried)}")
     return a
 
 
@@ -250,6 +277,48 @@ def pingpong(comm, args, rate, bounces=500):
     return 0
 
 
+def exchange_comm(transport):
+    """The communicator the exchanges run on: None (the engine's own mpi4py world) or
+    Horovod's collectives among Horovod's ranks."""
+    if transport == "mpi":
+        return None
+    import horovod.torch as hvd
+    from horovod_sparse.horovod_collectives import HorovodCollectives
+    hvd.init()
+    return HorovodCollectives(hvd, reason="bench_exchange --transport horovod")
+
+
+def latency(comm, xcomm, args, rate, calls=500):
+    """Median seconds of one 8-byte Allreduce (``calls`` per repeat) over mpi4py (``xcomm``
+    None) or Horovod's collectives, appended to ``--out`` by rank 0."""
+    over = comm.Dup() if xcomm is None else xcomm
+    mine, out = np.ones(1, np.int64), np.zeros(1, np.int64)
+    times = []
+    for _ in range(args.warmup + args.repeats):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            over.Allreduce(mine, out, op=MPI.SUM)
+        times.append(comm.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX))
+    assert int(out[0]) == comm.Get_size(), out  # the sum arrived
+    times = times[args.warmup:]
+    if xcomm is None:
+        over.Free()
+    if comm.Get_rank() == 0:
+        rec = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               "kind": "latency", "transport": args.transport, "P": comm.Get_size(), "rate": rate,
+               "bytes": 8, "calls": calls, "times_s": [round(t, 9) for t in times],
+               "median_s": statistics.median(times), "host": socket.gethostname(), "cpus": os.cpu_count(),
+               "command": shlex.join([os.path.relpath(sys.argv[0], _REPO)] + sys.argv[1:])}
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        print(f"[bench] latency {args.transport} P={rec['P']} rate={rate}: one 8-byte Allreduce "
+              f"{rec['median_s'] * 1e6:.1f} us (median)", flush=True)
+    return 0
+
+
 def per_call_record(per_rank):
     """``[{field: [per rank], "result_nnz": int}, ...]``, one entry per timed call."""
     out = []
@@ -308,6 +377,9 @@ def main(argv=None):
     rate = args.rate or os.environ.get(RATE_ENV, "unknown")
     if args.pingpong:
         return pingpong(comm, args, rate)
+    xcomm = exchange_comm(args.transport)
+    if args.latency:
+        return latency(comm, xcomm, args, rate)
     t_in = time.perf_counter()
     inputs = "uniform random"
     if args.selections:
@@ -329,7 +401,7 @@ def main(argv=None):
     records = []
     for algorithm in args.algorithms:
         if SparseAllreduce is not None:
-            make = (lambda a=algorithm: SparseAllreduce(args.n, algorithm=a, k=k, average=False))
+            make = (lambda a=algorithm: SparseAllreduce(args.n, algorithm=a, k=k, average=False, comm=xcomm))
             engine = "horovod_sparse.exchange"
         else:
             make = (lambda: _DenseMPI(args.n, comm))
@@ -343,7 +415,7 @@ def main(argv=None):
         lo, hi = theory(algorithm, args.n, k, P)
         rec = {
             "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "algorithm": algorithm, "P": P, "rate": rate, "n": args.n,
+            "algorithm": algorithm, "transport": args.transport, "P": P, "rate": rate, "n": args.n,
             "density": args.density, "k": k, "dtype": "float32",
             "warmup": args.warmup, "repeats": args.repeats,
             "times_s": [round(t, 6) for t in times],
@@ -367,7 +439,7 @@ def main(argv=None):
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "a") as f:
                 f.write(json.dumps(rec) + "\n")
-        print(f"[bench] {algorithm:9s} P={P} rate={rate} median {rec['median_s']:.4f} s "
+        print(f"[bench] {algorithm:9s} {args.transport:7s} P={P} rate={rate} median {rec['median_s']:.4f} s "
               f"sent {rec['bytes_sent_per_rank_max'] / 1e6:.2f} MB/rank"
               + (f" nnz {nnz}" if nnz is not None else "")
               + (f" check err {err:.3g}" if err is not None else ""), flush=True)
