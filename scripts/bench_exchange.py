@@ -158,8 +158,9 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=25_000_000, help="gradient length (float32 elements)")
     p.add_argument("--density", type=float, default=0.01, help="k = density * n per rank")
-    p.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
-                   help="comma-separated list (default: %(default)s)")
+    p.add_argument("--algorithms", default=None,
+                   help=f"comma-separated list (default: {','.join(DEFAULT_ALGORITHMS)}; "
+                        f"with --transport horovod {','.join(HOROVOD_ALGORITHMS)})")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per algorithm")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first")
     p.add_argument("--seed", type=int, default=1234)
@@ -192,9 +193,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.n < 1 or not (0 < a.density <= 1) or a.repeats < 1 or a.warmup < 0:
         p.error("need n >= 1, 0 < density <= 1, repeats >= 1, warmup >= 0")
-    given = any(arg == "--algorithms" or arg.startswith("--algorithms=") for arg in (argv or sys.argv[1:]))
-    if a.transport == "horovod" and not given:
-        a.algorithms = ",".join(HOROVOD_ALGORITHMS)
+    if a.algorithms is None:
+        a.algorithms = ",".join(HOROVOD_ALGORITHMS if a.transport == "horovod" else DEFAULT_ALGORITHMS)
     a.algorithms = [s.strip() for s in a.algorithms.split(",") if s.strip()]
     if a.transport == "horovod":
         if a.pingpong:
@@ -269,12 +269,17 @@ def pingpong(comm, args, rate, bounces=500):
                "host": socket.gethostname(), "cpus": os.cpu_count(),
                "mpi": MPI.Get_library_version().strip("\x00 \n").splitlines()[0],
                "command": shlex.join([os.path.relpath(sys.argv[0], _REPO)] + sys.argv[1:])}
-        if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        append_record(args.out, rec)
         print(f"[bench] pingpong rate={rate}: one small message {rec['median_s'] * 1e6:.1f} us (median)", flush=True)
     return 0
+
+
+def append_record(path, rec):
+    """Append ``rec`` as one JSON line to ``path`` (``--out``; nothing when it is None)."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
 
 
 def exchange_comm(transport):
@@ -310,10 +315,7 @@ def latency(comm, xcomm, args, rate, calls=500):
                "bytes": 8, "calls": calls, "times_s": [round(t, 9) for t in times],
                "median_s": statistics.median(times), "host": socket.gethostname(), "cpus": os.cpu_count(),
                "command": shlex.join([os.path.relpath(sys.argv[0], _REPO)] + sys.argv[1:])}
-        if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        append_record(args.out, rec)
         print(f"[bench] latency {args.transport} P={rec['P']} rate={rate}: one 8-byte Allreduce "
               f"{rec['median_s'] * 1e6:.1f} us (median)", flush=True)
     return 0
@@ -435,10 +437,7 @@ def main(argv=None):
             "command": shlex.join([os.path.relpath(sys.argv[0], _REPO)] + sys.argv[1:]),
         }
         records.append(rec)
-        if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        append_record(args.out, rec)
         print(f"[bench] {algorithm:9s} {args.transport:7s} P={P} rate={rate} median {rec['median_s']:.4f} s "
               f"sent {rec['bytes_sent_per_rank_max'] / 1e6:.2f} MB/rank"
               + (f" nnz {nnz}" if nnz is not None else "")

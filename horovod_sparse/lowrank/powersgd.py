@@ -271,8 +271,7 @@ class PowerSGDPipeline(Pipeline):
     def _start_for(self, acc, ws):
         """Step 2's start Q's where acc lives: those the previous step uploaded for this step,
         else computed and uploaded now (the first step, after a warm-up or a restore)."""
-        where = (self.step_count, type(acc), getattr(acc, "device", None))
-        if self._start_ahead is not None and self._start_ahead[0] == where:
+        if self._start_ahead is not None and self._start_ahead[0] == _place(self.step_count, acc):
             return self._start_ahead[1]
         return host.from_host(self._starts(self.step_count, self._q, ws.start), acc)
 
@@ -382,7 +381,10 @@ class PowerSGDPipeline(Pipeline):
         q_local = _joined(ws.q_send, q_local, acc)
         q_summed = self._allreduce(host.to_host(q_local), ws.q_summed)
         next_q = [q_summed[q_span].reshape(block.cols, block.rank) for block, _, q_span in self._spans]
-        next_start = self._starts(self.step_count + 1, next_q, np.empty_like(ws.start))  # step 2, ahead
+        # step 2, ahead: this step's start Q's are used, their buffer takes the next step's (on
+        # the host's path the start kept ahead may be that buffer: forgotten until the step ends)
+        self._start_ahead = None
+        next_start = self._starts(self.step_count + 1, next_q, ws.start)
         q_sum, next_start = host.from_host_packed((q_summed, next_start), acc)  # one transfer
 
         # Step 6 in the buffer's own library: element-wise work, where torch's CPU kernels
@@ -400,7 +402,7 @@ class PowerSGDPipeline(Pipeline):
             self._memory.commit_cleared(acc, ws.dense_positions)
         if self.warm_start:
             self._q = [q.copy() for q in next_q]
-        self._start_ahead = ((self.step_count + 1, type(acc), getattr(acc, "device", None)), next_start)
+        self._start_ahead = (_place(self.step_count + 1, acc), next_start)
         self.last = PowerSGDStepInfo(self.step_count, self._comm.traffic - before, len(blocks),
                                      lambda: self._kept(ws, *factors))
         self.step_count += 1
@@ -509,6 +511,12 @@ class PowerSGDPipeline(Pipeline):
         return (f"PowerSGDPipeline(n={self.n}, rank={self.approx_rank}, warmup_steps={self.warmup_steps}, "
                 f"matrices={len(self.plan.matrices)}, dense={self.plan.dense_size}, "
                 f"step={self.step_count})")
+
+
+def _place(step, acc):
+    """What a start Q computed ahead is valid for: the step, and the library and device of the
+    gradient it was uploaded beside."""
+    return step, type(acc), getattr(acc, "device", None)
 
 
 def _factor_spans(plan):

@@ -87,13 +87,11 @@ def to_host_packed(*xs):
         return [to_host(x) for x in xs]
     torch = sys.modules["torch"]
     flat = [x.detach().reshape(-1) for x in xs]
-    order = sorted(range(len(flat)), key=lambda i: -flat[i].element_size())
-    packed = to_host(torch.cat([_bytes_of(flat[i]) for i in order]))
-    out, offset = [None] * len(flat), 0
-    for i in order:
-        nbytes = flat[i].numel() * flat[i].element_size()
-        out[i] = packed[offset:offset + nbytes].view(_numpy_dtype(flat[i].dtype))
-        offset += nbytes
+    layout = _packing([(x.element_size(), x.numel() * x.element_size()) for x in flat])
+    packed = to_host(torch.cat([_bytes_of(flat[i]) for i, _ in layout]))
+    out = [None] * len(flat)
+    for i, part in layout:
+        out[i] = packed[part].view(_numpy_dtype(flat[i].dtype))
     return out
 
 
@@ -135,14 +133,23 @@ def from_host_packed(arrays, like):
     arrays = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
     if not is_torch(like) or host_shortcut_allowed(like) or len(arrays) < 2:
         return [from_host(a, like) for a in arrays]
-    order = sorted(range(len(arrays)), key=lambda i: -arrays[i].itemsize)
-    packed = from_host(np.concatenate([arrays[i].view(np.uint8) for i in order]), like)
-    out, offset = [None] * len(arrays), 0
-    for i in order:
-        piece = packed[offset:offset + arrays[i].nbytes]
-        out[i] = piece.view(_torch_dtype(arrays[i].dtype))
-        offset += arrays[i].nbytes
+    layout = _packing([(a.itemsize, a.nbytes) for a in arrays])
+    packed = from_host(np.concatenate([arrays[i].view(np.uint8) for i, _ in layout]), like)
+    out = [None] * len(arrays)
+    for i, part in layout:
+        out[i] = packed[part].view(_torch_dtype(arrays[i].dtype))
     return out
+
+
+def _packing(pieces):
+    """Where each piece goes in a packed byte buffer: ``[(index, byte slice)]`` in packing
+    order, widest item first so that every piece's offset is a multiple of its item size (a
+    dtype view of its slice needs that). ``pieces``: ``(item size, bytes)`` per piece."""
+    layout, offset = [], 0
+    for i in sorted(range(len(pieces)), key=lambda i: -pieces[i][0]):
+        layout.append((i, slice(offset, offset + pieces[i][1])))
+        offset += pieces[i][1]
+    return layout
 
 
 def _pinned_copy_of(x):
