@@ -45,6 +45,11 @@ with rank r:
 The dense part (1-D gradients, matrices too small or too thin to gain) is summed exactly
 by the first Allreduce; its ``kept`` is the accumulated value and its residual zero.
 
+On torch's own ops (a GPU, or the device path on the CPU) steps 3, 5 and 6 run once per run
+of same-shape, equally spaced matrices (:mod:`.batched`: a batched product, the same
+element-wise bits), and the dense part is gathered and scattered by one indexed copy each,
+so a step's launches do not grow with its gradients; numpy and TensorFlow go matrix by matrix.
+
 Across libraries: the products of steps 3 and 5 are each library's own float32 matmul
 (BLAS for numpy, ``tf.matmul``, torch's), whose rounding may differ in the last bits, so a
 TensorFlow step is close to a numpy step, not equal; everything else (the accumulate, the
@@ -85,6 +90,7 @@ from horovod_sparse.ops.pieces import as_piece, is_pieces
 from horovod_sparse.pipeline import Pipeline, saved_array
 from horovod_sparse.warmup import Warmup
 
+from . import batched
 from .accumulate import accumulate
 from .factors import BlockView, back_project, expand_block, library, project, scratch_elements, transposed
 from .orthogonal import orthonormalize
@@ -139,7 +145,7 @@ class _Workspace:
     and ``scratch`` are None.
     """
 
-    def __init__(self, plan, like):
+    def __init__(self, plan, like, runs):
         p, q, dense = plan.p_size, plan.q_size, plan.dense_size
         self.dense_positions = _moved(plan.dense_positions(), like)
         self.p_summed, self.q_summed = np.empty(p + dense, np.float32), np.empty(q, np.float32)
@@ -151,8 +157,9 @@ class _Workspace:
         self.send = namespace.empty(p + dense, "float32", like)
         self.q_send = namespace.empty(q, "float32", like)
         on_cpu = namespace.host_shortcut_allowed(like)
-        self.chunk = _CPU_CHUNK if on_cpu else max([b.rows * b.cols for b in plan.matrices] or [1])
-        size = scratch_elements(plan.matrices, self.chunk)
+        # the device: a matrix, or a run's matrices up to batched.RUN_CHUNK elements, per launch
+        self.chunk = _CPU_CHUNK if on_cpu else max([b.rows * b.cols for b in plan.matrices] + [batched.RUN_CHUNK])
+        size = max(scratch_elements(plan.matrices, self.chunk), batched.scratch_elements(runs, self.chunk))
         self.scratch = (namespace.empty(size, "float32", like), namespace.empty(size, "float32", like))
 
 
@@ -224,6 +231,8 @@ class PowerSGDPipeline(Pipeline):
             self.plan.signature(), None if layout is None else layout.tag, self.error_feedback,
             self.warm_start, self.seed, self.min_compression_rate)
         self._spans = _factor_spans(self.plan)
+        # the device path's view of the same matrices: runs of one shape, a launch per run
+        self._runs, self._unbatched = batched.make_runs(self._spans)
 
         self._comm = CountingComm(comm)  # collective: after every local check
         self._exchanges = (self._comm,)
@@ -358,14 +367,12 @@ class PowerSGDPipeline(Pipeline):
         kernel = self._kernel
         m = kernel(acc)
         lib = library(m)  # None on TensorFlow: the kernels return new tensors, ws has no buffers
-        blocks = [BlockView(m, block) for block in plan.matrices]
 
         start = kernel(self._start_for(acc, ws))                                    # step 2
 
         send = kernel(ws.send)                                                      # step 3
-        p_local = [project(lib, view, _factor(start, q_span, block.cols), _factor(send, p_span, block.rows))
-                   for view, (block, p_span, q_span) in zip(blocks, self._spans)]
-        dense = _gather_dense(plan, m, _part(send, slice(plan.p_size, None)))
+        p_local = self._products(lib, m, start, send, project)
+        dense = _gather_dense(plan, m, _part(send, slice(plan.p_size, None)), ws.dense_positions)
         send = _joined(ws.send, p_local + [dense], acc)
         p_summed = self._allreduce(host.to_host(send), ws.p_summed)
 
@@ -375,10 +382,7 @@ class PowerSGDPipeline(Pipeline):
         basis, dense_sum = host.from_host_packed((ws.basis, p_summed[plan.p_size:]), acc)  # one transfer
 
         q_send = kernel(ws.q_send)                                                  # step 5
-        q_local = [back_project(lib, view, _factor(kernel(basis), p_span, block.rows),
-                                _factor(q_send, q_span, block.cols))
-                   for view, (block, p_span, q_span) in zip(blocks, self._spans)]
-        q_local = _joined(ws.q_send, q_local, acc)
+        q_local = _joined(ws.q_send, self._products(lib, m, kernel(basis), q_send, back_project), acc)
         q_summed = self._allreduce(host.to_host(q_local), ws.q_summed)
         next_q = [q_summed[q_span].reshape(block.cols, block.rank) for block, _, q_span in self._spans]
         # step 2, ahead: this step's start Q's are used, their buffer takes the next step's (on
@@ -392,9 +396,10 @@ class PowerSGDPipeline(Pipeline):
         out = self._result(acc)                                                     # step 6
         if fused:  # the result and the residual in one pass
             self._expand_fused(out, acc, basis, q_sum, q_local)
-            _scatter_dense(plan, dense_sum, out)
+            _scatter_dense(plan, dense_sum, out, ws.dense_positions)
         else:
-            out = _spliced(out, self._expand(out, basis, q_sum, ws) + _scatter_dense(plan, dense_sum, out))
+            out = _spliced(out, self._expand(out, basis, q_sum, ws)
+                           + _scatter_dense(plan, dense_sum, out, ws.dense_positions))
         factors = tuple(namespace.copy_of(x) for x in (basis, q_local, _part(send, slice(plan.p_size, None))))
         if self.error_feedback:
             if not fused:
@@ -403,13 +408,37 @@ class PowerSGDPipeline(Pipeline):
         if self.warm_start:
             self._q = [q.copy() for q in next_q]
         self._start_ahead = (_place(self.step_count + 1, acc), next_start)
-        self.last = PowerSGDStepInfo(self.step_count, self._comm.traffic - before, len(blocks),
+        self.last = PowerSGDStepInfo(self.step_count, self._comm.traffic - before, len(plan.matrices),
                                      lambda: self._kept(ws, *factors))
         self.step_count += 1
         return out
 
     def _new_workspace(self, like):
-        return _Workspace(self.plan, like)
+        return _Workspace(self.plan, like, self._runs)
+
+    def _products(self, lib, m, factors, out, product):
+        """Step 3 (``product`` :func:`.factors.project`: P = M Q, ``factors`` the start Q's, ``out``
+        the P buffer) or step 5 (:func:`.factors.back_project`: Q = M^T P, ``factors`` the basis,
+        ``out`` the Q buffer) for every matrix of ``m``. Returns the new factors in plan order
+        (TensorFlow); numpy and torch write them into ``out`` and return []. Torch runs one
+        batched product per run of same-shape matrices (:mod:`.batched`), as on a GPU."""
+        forward = product is project
+        spans = self._spans
+        if _batches(lib):
+            batched_product = batched.project if forward else batched.back_project
+            for run in self._runs:
+                a_rows, b_rows = (run.cols, run.rows) if forward else (run.rows, run.cols)
+                a_span, b_span = (run.q, run.p) if forward else (run.p, run.q)
+                batched_product(lib, batched.matrices(m, run), batched.factor(factors, a_span, run, a_rows),
+                                batched.factor(out, b_span, run, b_rows))
+            spans = self._unbatched
+        made = []
+        for block, p_span, q_span in spans:
+            a_span, a_rows, b_span, b_rows = ((q_span, block.cols, p_span, block.rows) if forward
+                                              else (p_span, block.rows, q_span, block.cols))
+            made.append(product(lib, BlockView(m, block), _factor(factors, a_span, a_rows),
+                                _factor(out, b_span, b_rows)))
+        return [] if lib is not None else made
 
     def regime(self):
         """The warm-up's phase at the next step, in words (for reports)."""
@@ -469,16 +498,25 @@ class PowerSGDPipeline(Pipeline):
         Returns the parts for :func:`_spliced`: ``(offset, new values)`` per block (TensorFlow;
         numpy and torch wrote them into target, their values are None)."""
         lib = library(target)
+        spans = self._spans
+        if _batches(lib):  # a launch per run (a few per run on huge ones), as on a GPU
+            for run in self._runs:
+                for first, count in batched.chunks(run, ws.chunk):
+                    batched.expand(lib, batched.matrices(target, run, first, count),
+                                   batched.factor(basis, run.p, run, run.rows, first, count),
+                                   batched.factor(q, run.q, run, run.cols, first, count), ws.scratch, subtract)
+            spans = self._unbatched
         return [(block.offset,
                  expand_block(lib, BlockView(target, block), transposed(_factor(basis, p_span, block.rows)),
                               transposed(_factor(q, q_span, block.cols)), ws.scratch, ws.chunk,
                               subtract=subtract))
-                for block, p_span, q_span in self._spans]
+                for block, p_span, q_span in spans]
 
     def _kept(self, ws, basis, q_local, dense):
         """This rank's contribution, from the step's factors (see :class:`PowerSGDStepInfo`)."""
         kept = _new_result(self.n, basis)  # basis is in the gradient's library and device
-        return _spliced(kept, self._expand(kept, basis, q_local, ws) + _scatter_dense(self.plan, dense, kept))
+        return _spliced(kept, self._expand(kept, basis, q_local, ws)
+                        + _scatter_dense(self.plan, dense, kept, ws.dense_positions))
 
     def _allreduce(self, send, out):
         """Sum ``send`` over ranks (float32) into ``out``; skipped when empty (every rank has
@@ -545,12 +583,21 @@ def _part(flat, span):
     return None if flat is None else flat[span]
 
 
-def _gather_dense(plan, buffer, dense):
+def _batches(lib):
+    """Whether the kernels run batched over runs (:mod:`.batched`): torch's own ops, the device
+    path; numpy keeps its per-matrix BLAS calls and compiled kernels, TensorFlow its own ops."""
+    return lib is not None and lib is not np
+
+
+def _gather_dense(plan, buffer, dense, positions):
     """Copy the dense slices of ``buffer`` back to back into ``dense``; returns ``dense``
-    (TensorFlow: a new tensor of them, ``dense`` None)."""
+    (TensorFlow: a new tensor of them, ``dense`` None). Torch: one gather by ``positions``
+    (the plan's :meth:`~.plan.Plan.dense_positions` on the device), not a copy per slice."""
     if namespace.is_tensorflow(buffer):
         tf = sys.modules["tensorflow"]
         return tf.concat([buffer[a:b] for a, b in plan.dense_slices], 0) if plan.dense_slices else buffer[:0]
+    if namespace.is_torch(buffer) and plan.dense_slices:
+        return sys.modules["torch"].index_select(buffer, 0, positions, out=dense)
     at = 0
     for a, b in plan.dense_slices:
         dense[at:at + b - a] = buffer[a:b]
@@ -558,10 +605,14 @@ def _gather_dense(plan, buffer, dense):
     return dense
 
 
-def _scatter_dense(plan, dense, buffer):
+def _scatter_dense(plan, dense, buffer, positions):
     """The inverse of :func:`_gather_dense`: the dense vector into its places in ``buffer``.
     Returns the parts for :func:`_spliced`, ``(offset, values)`` (TensorFlow: written nowhere,
-    ``buffer`` may be None)."""
+    ``buffer`` may be None; torch: one scatter by ``positions``, no parts)."""
+    if namespace.is_torch(buffer):
+        if plan.dense_slices:
+            buffer.index_copy_(0, positions, dense)
+        return []
     parts, at, write = [], 0, not namespace.is_tensorflow(dense)
     for a, b in plan.dense_slices:
         parts.append((a, dense[at:at + b - a]))

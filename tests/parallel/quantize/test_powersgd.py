@@ -241,11 +241,19 @@ import torch  # noqa: E402
 
 from horovod_sparse.ops import host  # noqa: E402
 
-TORCH_CASES = [(LAYOUT, 2), (LAYOUT, 1), (None, 3)]
+# Repeated shapes, as a model's layers: torch runs a batched product per run of equally spaced
+# same-shape matrices (lowrank/batched.py): w1-w3 one run (biases between), w4 a new one (another
+# spacing), c1-c2 one run back to back, w5 alone.
+REPEATED = GradientLayout([("w1", (24, 20), "float32"), ("b1", (20,), "float32"),
+                           ("w2", (24, 20), "float32"), ("b2", (20,), "float32"),
+                           ("w3", (24, 20), "float32"), ("w4", (24, 20), "float32"),
+                           ("c1", (16, 3, 3, 3), "float32"), ("c2", (16, 3, 3, 3), "float32"),
+                           ("w5", (24, 20), "float32"), ("b5", (24,), "float32")])
+TORCH_CASES = [(LAYOUT, 2), (LAYOUT, 1), (None, 3), (REPEATED, 2), (REPEATED, 1)]
 
 
 def _make(layout, rank, numpy_on_cpu=True):
-    n = LAYOUT.n if layout is not None else 1000
+    n = layout.n if layout is not None else 1000
     pipe = horovod_sparse.create("powersgd", rank=rank).make_pipeline(n, MPI.COMM_WORLD, layout=layout)
     pipe.numpy_on_cpu = numpy_on_cpu
     return pipe
@@ -277,7 +285,7 @@ def test_torch_input_gives_the_numpy_bits(layout, rank, assert_identical_across_
 
 @pytest.mark.parametrize("layout, rank", TORCH_CASES)
 def test_torch_kernels_agree_with_numpy(layout, rank, comm, assert_identical_across_ranks):
-    n = LAYOUT.n if layout is not None else 1000
+    n = layout.n if layout is not None else 1000
     with _make(layout, rank) as on_numpy, _make(layout, rank, numpy_on_cpu=False) as on_torch:
         blocks = expected_blocks(layout, rank, n)
         dense = np.ones(n, bool)

@@ -10,7 +10,9 @@ backward, before Horovod's ``synchronize`` writes the result into it), summed wi
 parameter name in sorted order; after the last step the replicas' parameters must be bitwise
 identical on every rank.
 
-The ``cuda`` case runs where ``torch.cuda.is_available()`` and Horovod was built with CUDA
+The ``cpu-device-path`` case runs CPU tensors through the code a CUDA tensor runs
+(``HOROVOD_SPARSE_KERNELS=torch``: torch's own ops, the packed host crossings, PowerSGD's
+batched products), at P = 2 and 3. The ``cuda`` case runs where ``torch.cuda.is_available()`` and Horovod was built with CUDA
 (``hvd.cuda_built()``): a Horovod built without it (the CPU build of scripts/build_horovod.sh)
 refuses CUDA tensors in its own allreduce ("Requested ReadyEvent with GPU device but not
 compiled with CUDA"), so the case is skipped there with that reason. A Horovod with NCCL needs
@@ -31,6 +33,7 @@ from torch import nn
 
 import horovod_sparse
 from horovod_sparse.layout import GradientLayout
+from horovod_sparse.ops import cpu
 
 hvd = pytest.importorskip("horovod.torch")
 import horovod_sparse.torch as hvds  # noqa: E402  (after Horovod is known to be there)
@@ -53,13 +56,15 @@ def _cuda_reason():
 
 
 DEVICES = [pytest.param("cpu", id="cpu"),
+           # CPU tensors through the code a CUDA tensor runs (HOROVOD_SPARSE_KERNELS=torch), at 2 and 3
+           pytest.param("cpu-device-path", id="cpu-device-path", marks=pytest.mark.world_sizes(2, 3)),
            pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda,
                                                   pytest.mark.skipif(_cuda_reason() is not None,
                                                                      reason=str(_cuda_reason()))])]
 
 
 def device_of(kind):
-    if kind == "cpu":
+    if kind.startswith("cpu"):
         return torch.device("cpu")
     index = hvd.local_rank() % torch.cuda.device_count()
     torch.cuda.set_device(index)
@@ -103,7 +108,9 @@ class Oracle:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("spec", SPECS)
 def test_training_matches_the_oracle_and_replicas_stay_identical(spec, device, comm,
-                                                                 assert_identical_across_ranks):
+                                                                 assert_identical_across_ranks, monkeypatch):
+    if device == "cpu-device-path":
+        monkeypatch.setenv(cpu.KERNELS_ENV, "torch")  # the oracle's numpy arrays keep numpy's path
     where = device_of(device)
     model = make_model(where)
     compression = hvds.Compression.from_spec(spec, dense_below=0)
