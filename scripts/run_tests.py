@@ -39,7 +39,7 @@ PARALLEL_GROUPS = {
 MPIRUN_WALL_SECONDS = 900
 # groups launched by ``horovodrun --gloo`` instead of mpirun (Horovod's ranks are not one MPI job's:
 # the exchanges run over Horovod's collectives), with their process counts and wall-clock bound (per launch)
-HOROVODRUN_GROUPS = {"gloo": [2]}
+HOROVODRUN_GROUPS = {"gloo": [2, 3, 4]}
 HOROVODRUN_WALL_SECONDS = 240
 
 MPI_ENV = {

@@ -17,11 +17,11 @@ from horovod_sparse.horovod_collectives import HorovodCollectives
 @pytest.fixture(scope="module", autouse=True)
 def horovod(request):
     """The module's own Horovod frontend (its global ``hvd``), initialised; the exchanges'
-    communicator is Horovod's collectives, chosen for a gloo launch, of Horovod's two ranks."""
+    communicator is Horovod's collectives, chosen for a gloo launch, of all Horovod's ranks."""
     hvd = request.module.hvd
     hvd.init()
     assert hvd.gloo_enabled(), "this group runs under horovodrun --gloo"
     comm = communicator_of(None)
     assert isinstance(comm, HorovodCollectives) and comm.reason == "gloo launch"
-    assert (comm.Get_size(), comm.Get_rank()) == (hvd.size(), hvd.rank()) == (2, hvd.rank())
+    assert (comm.Get_size(), comm.Get_rank()) == (hvd.size(), hvd.rank()) and hvd.size() >= 2
     yield hvd

@@ -1,10 +1,10 @@
-"""TensorFlow under ``horovodrun --gloo -np 2``: the TensorFlow frontend's exchanges (host calls
+"""TensorFlow under ``horovodrun --gloo -np 2`` and ``-np 3``: the TensorFlow frontend's exchanges (host calls
 inside the traced step, ``tf.numpy_function``) run over ``horovod.tensorflow``'s own collectives,
 eagerly, beside the step's pending allreduces
 (:class:`~horovod_sparse.horovod_collectives.HorovodCollectives`). A ``tf.function`` step through
 ``DistributedGradientTape`` and Keras ``fit`` through Horovod's ``DistributedOptimizer`` train with
-bitwise-identical replicas; ``dense`` equals Horovod's own ``none`` bit for bit at P = 2 (a + b
-either way, halved exactly); point-to-point exchanges (auto's candidates too) and planned
+bitwise-identical replicas; ``dense`` equals Horovod's own ``none``, bit for bit at P = 2 (a + b
+either way, halved exactly), within float32 rounding at P > 2; point-to-point exchanges (auto's candidates too) and planned
 schedules are refused on every rank (no hang).
 
 Its own launch (scripts/run_tests.py launches each module of the group apart): Horovod runs one
@@ -85,7 +85,11 @@ def test_gradient_tape_gives_every_rank_the_same_parameters(spec):
 
 @pytest.mark.timeout(90)
 def test_dense_equals_horovods_own_allreduce():
-    np.testing.assert_array_equal(train_tape("dense", dense_below=0), train_tape("none"))
+    ours, horovods = train_tape("dense", dense_below=0), train_tape("none")
+    if hvd.size() == 2:
+        np.testing.assert_array_equal(ours, horovods)
+    else:
+        np.testing.assert_allclose(ours, horovods, rtol=1e-5, atol=1e-6 * np.abs(horovods).max())
 
 
 @pytest.mark.timeout(90)

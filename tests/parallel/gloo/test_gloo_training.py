@@ -1,8 +1,10 @@
-"""Training under ``horovodrun --gloo -np 2``: every out-of-band exchange runs over Horovod's
-own collectives (:class:`~horovod_sparse.horovod_collectives.HorovodCollectives`), chosen for
-the user; the stock ``hvd.DistributedOptimizer`` trains, every rank ends with bitwise the same
-parameters, and ``dense`` equals Horovod's own ``none`` bit for bit at P = 2 (a + b either way,
-halved exactly). What the transport cannot carry (point-to-point exchanges, planned schedules)
+"""Training under ``horovodrun --gloo -np 2`` and ``-np 3`` (scripts/run_tests.py): every
+out-of-band exchange runs over Horovod's own collectives
+(:class:`~horovod_sparse.horovod_collectives.HorovodCollectives`), chosen for the user; the stock
+``hvd.DistributedOptimizer`` trains, every rank ends with bitwise the same parameters, and
+``dense`` equals Horovod's own ``none``: bit for bit at P = 2 (a + b either way, halved exactly),
+within float32 rounding at P > 2 (Gloo's ring adds Horovod's fused buffer and ours in chunks
+that differ). What the transport cannot carry (point-to-point exchanges, planned schedules)
 is refused at the first step on every rank, with the launch to use instead; nothing hangs.
 """
 import io
@@ -67,7 +69,11 @@ def test_training_gives_every_rank_the_same_parameters(spec):
 
 @pytest.mark.timeout(60)
 def test_dense_equals_horovods_own_allreduce():
-    np.testing.assert_array_equal(train("dense", dense_below=0).numpy(), train("none").numpy())
+    ours, horovods = train("dense", dense_below=0).numpy(), train("none").numpy()
+    if hvd.size() == 2:
+        np.testing.assert_array_equal(ours, horovods)
+    else:
+        np.testing.assert_allclose(ours, horovods, rtol=1e-5, atol=1e-6 * np.abs(horovods).max())
 
 
 @pytest.mark.timeout(60)
@@ -110,7 +116,7 @@ def test_doctor_passes_and_names_the_transport():
     out = io.StringIO()
     code = cli.main(["doctor", "--timeout", "50"], out=out)
     codes = every_rank(torch.tensor([code]), "doctor")
-    assert codes.ravel().tolist() == [0, 0], out.getvalue()
+    assert codes.ravel().tolist() == [0] * hvd.size(), out.getvalue()
     if hvd.rank() == 0:
-        assert "OK    world     2 rank(s); transport: Horovod's collectives (gloo launch)" in out.getvalue()
-        assert "OK    link      allreduce over 2 ranks" in out.getvalue()
+        assert f"OK    world     {hvd.size()} rank(s); transport: Horovod's collectives (gloo launch)" in out.getvalue()
+        assert f"OK    link      allreduce over {hvd.size()} ranks" in out.getvalue()

@@ -2,8 +2,8 @@
 (``HOROVOD_SPARSE_TRANSPORT=mpi``) and Horovod's own collectives (``=horovod``, what a
 ``horovodrun --gloo`` launch uses; :mod:`horovod_sparse.horovod_collectives`). The same steps
 through the stock ``hvd.DistributedOptimizer`` give bitwise the same parameters under both,
-for every compressor whose exchange is collective: the transport moves the same buffers and
-reduces them in the same order at P = 2. At P = 3 Horovod's process sets (ranks 0 and 1, rank 2)
+for every compressor whose exchange is collective, at P = 2 and 3: the transport moves the same
+buffers and reduces them in the same order. At P = 3 Horovod's process sets (ranks 0 and 1, rank 2)
 exchange within themselves over either. Under Horovod's collectives the compressors that need
 point-to-point messages are refused at the first step on every rank.
 """
@@ -20,7 +20,7 @@ from horovod_sparse.agreement import communicator_of
 from horovod_sparse.horovod_collectives import HorovodCollectives
 from random_regression import fit_random_regression
 
-pytestmark = pytest.mark.world_sizes(2)
+pytestmark = pytest.mark.world_sizes(2, 3)
 
 STEPS = 5
 SPECS = ["dense", "topk:density=0.05", "gaussiank:density=0.05", "dgc:density=0.05", "threshold",
