@@ -24,13 +24,15 @@ from horovod_sparse.layout import GradientLayout
 DEFAULT_DENSE_BELOW = 1024
 
 
-#: why elastic launches are refused for the compressors that keep state
+#: why an elastic launch is refused for a compressor that keeps state and is not in the elastic state
 ELASTIC_MESSAGE = (
     "elastic Horovod (horovodrun --min-np/--max-np) re-initialises Horovod whenever workers come or go, and "
-    "this compressor's state (residuals, step counters, the exchanges' operation names and world size) is not "
-    "carried across that yet: after a resize the ranks would disagree, and an exchange could wait forever. "
-    "Launch a fixed number of workers (horovodrun --gloo -np N, horovodrun -np N, mpirun), or train elastic "
-    "jobs with a stateless compression (horovod_sparse's fp16 or none, or hvd.Compression.fp16)")
+    "this compressor's state (residuals, step counters, the exchanges' operation names and world size) must be "
+    "carried across that, or the ranks would disagree after a resize and an exchange could wait forever. "
+    "PyTorch: pass it to the elastic state, hvd.elastic.TorchState(model=..., optimizer=..., "
+    "compression=compression) (horovod_sparse.torch.elastic; not `auto` or randomk yet). Otherwise launch a "
+    "fixed number of workers (horovodrun --gloo -np N, horovodrun -np N, mpirun), or train elastic jobs with a "
+    "stateless compression (horovod_sparse's fp16 or none, or hvd.Compression.fp16)")
 
 
 def ring_bytes(payload_bytes, world_size):
@@ -38,13 +40,15 @@ def ring_bytes(payload_bytes, world_size):
     return 0 if world_size <= 1 else 2 * (world_size - 1) * payload_bytes / world_size
 
 
-def refuse_what_the_transport_cannot_carry(comm, algorithms, schedule="after_backward"):
+def refuse_what_the_transport_cannot_carry(comm, algorithms, schedule="after_backward", in_elastic_state=False):
     """Over Horovod's collectives (``comm`` without point-to-point messages: a Gloo or elastic
     launch, or ``HOROVOD_SPARSE_TRANSPORT=horovod``) raise ValueError, naming the compressor, for
     an exchange among ``algorithms`` that sends point-to-point messages, or a planned
     ``schedule`` (its channel threads would issue Horovod operations in an order that differs
-    between ranks); under elastic Horovod, HorovodWorldError for any of them that keeps state
-    (:data:`ELASTIC_MESSAGE`). Local, and the same on every rank: all raise, before any exchange.
+    between ranks); under elastic Horovod, HorovodWorldError for any of them that keeps state,
+    unless the compressor is in the job's elastic state (``in_elastic_state``:
+    :mod:`horovod_sparse.torch.elastic` carries it across resizes; :data:`ELASTIC_MESSAGE`).
+    Local, and the same on every rank: all raise, before any exchange.
 
     Example: ``refuse_what_the_transport_cannot_carry(comm, [horovod_sparse.create("gtopk")])``
     raises under ``horovodrun --gloo``.
@@ -52,7 +56,7 @@ def refuse_what_the_transport_cannot_carry(comm, algorithms, schedule="after_bac
     if getattr(comm, "point_to_point", True):
         return
     stateful = [a.name for a in algorithms if getattr(a, "stateful", True)]
-    if stateful and os.environ.get("HOROVOD_ELASTIC") == "1":  # horovodrun sets it for elastic workers only
+    if stateful and not in_elastic_state and os.environ.get("HOROVOD_ELASTIC") == "1":  # set for elastic workers only
         from horovod_sparse.errors import HorovodWorldError
         raise HorovodWorldError(f"{', '.join(stateful)}: {ELASTIC_MESSAGE}")
     for algorithm in algorithms:
@@ -81,6 +85,11 @@ class OutOfBandCompressorBase:
     """
 
     ops = None  # the frontend's ArrayOps
+    #: whether an elastic state carries this compressor's state across resizes (it sets this)
+    in_elastic_state = False
+    #: what the last change of elastic Horovod's world carried over, and the handler that carries
+    #: it (:mod:`horovod_sparse.torch.elastic`; None outside an elastic state)
+    elastic_report = elastic_handler = None
 
     def __init__(self, algorithm, dense_below=DEFAULT_DENSE_BELOW):
         self.algorithm = algorithm
@@ -109,7 +118,8 @@ class OutOfBandCompressorBase:
         refuses, on every rank alike, what they cannot carry: an exchange that needs
         point-to-point messages, and a planned schedule (its channel threads would issue
         Horovod operations in an order that differs between ranks)."""
-        refuse_what_the_transport_cannot_carry(comm, [self.algorithm], getattr(self, "schedule", "after_backward"))
+        refuse_what_the_transport_cannot_carry(comm, [self.algorithm], getattr(self, "schedule", "after_backward"),
+                                               in_elastic_state=self.in_elastic_state)
         self._comm, self._world_size = comm, comm.Get_size()
 
     @property

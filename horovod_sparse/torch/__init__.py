@@ -12,5 +12,8 @@ from horovod_sparse.torch.adamw import AdamW
 from horovod_sparse.torch.compression import Compression, TorchCompressor
 from horovod_sparse.torch.auto import TorchAutoCompressor
 from horovod_sparse.torch.out_of_band import TorchOutOfBandCompressor
+from horovod_sparse.torch import elastic
+
+elastic.register()  # hvd.elastic.TorchState(..., compression=compression) carries its state
 
 __all__ = ["AdamW", "Compression", "TorchAutoCompressor", "TorchCompressor", "TorchOutOfBandCompressor"]

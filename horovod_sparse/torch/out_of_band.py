@@ -148,6 +148,9 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self.exact_report = None     # (index, exact) of the last of them; None before one, and after a load
 
     def compress(self, tensor):
+        if self._step_finished and self.elastic_handler is not None and self._caller_checked \
+                and hvd.size() != self._world_size:
+            self.elastic_handler.sync()  # elastic Horovod removed workers and skipped its sync: carry over now
         if not self._caller_checked:
             check_caller(self.algorithm.name, hvd.Adasum, _DistributedAdasumOptimizer._allreduce_grad_async.__code__,
                          process_sets=True)
@@ -285,6 +288,21 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self.steps_exchanged = int((state_dict.pop(STEPS_KEY, None) or whole).get("step", 0))
         self.exact_report = None
         self.exchanges.load_state_dict(state_dict)
+
+    def rejoin(self, state):
+        """Go on in a world elastic Horovod has formed anew (workers came or went): the exchanges
+        are made again on the new world's ranks at the next step (which reads the caller's
+        process set and P again), from ``state`` (:meth:`state_dict`'s form; what carries over
+        is :mod:`horovod_sparse.torch.elastic`'s business). A step in progress is dropped:
+        elastic Horovod runs it again."""
+        self.exchanges.close()
+        self.exchanges = StepExchanges(self.algorithm, TORCH_ARRAYS, self.schedule, self.profile_steps,
+                                       self.trial_steps)
+        self.pipelines, self._comm = {}, None
+        self._caller_checked = self._schedule_agreed = False
+        self._step_finished, self._carrying = True, False
+        self._dense_steps = self.algorithm.dense_steps(1)  # until the next compress tells P
+        self.load_state_dict(state)
 
     def regime(self):
         """``{buffer key: what its next step does}``; during the warm-up's carried steps

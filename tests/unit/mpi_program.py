@@ -39,6 +39,24 @@ def run_elastic_program(program_dir, name, ranks):
                               "--elastic-timeout", "60", sys.executable, name])
 
 
+def run_resizing_program(program_dir, name, *args):
+    """An elastic job on this host that loses a worker and gets it back: ``horovodrun -np 3
+    --min-np 2 --max-np 3`` over the hosts ``localhost:2`` and ``127.0.0.1:1`` (two names of
+    this host, as Horovod's own elastic tests use), whose discovery script drops ``127.0.0.1``
+    while the file ``phase`` in PROGRAM_DIR says ``1`` (the program writes it). The removed
+    worker exits; Horovod blacklists its host, for 1-2 s only (``--blacklist-cooldown-range``),
+    so that it can come back. Returns (exit status, tagged output of all ranks)."""
+    discover = Path(program_dir) / "discover_hosts.sh"
+    discover.write_text('#!/bin/sh\necho localhost:2\n[ "$(cat "$(dirname "$0")/phase" 2>/dev/null)" = 1 ] '
+                        '|| echo 127.0.0.1:1\n')
+    discover.chmod(0o755)
+    horovodrun = str(Path(sys.executable).parent / "horovodrun")
+    return _run(program_dir, [horovodrun, "-np", "3", "--min-np", "2", "--max-np", "3",
+                              "--host-discovery-script", str(discover), "--network-interface", "lo",
+                              "--blacklist-cooldown-range", "1", "2", "--elastic-timeout", "60",
+                              sys.executable, name, *args])
+
+
 def _run(program_dir, cmd):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_SPARSE_")}  # users' defaults
     env.update(RUN_ENV)
