@@ -30,7 +30,7 @@ ELASTIC_MESSAGE = (
     "this compressor's state (residuals, step counters, the exchanges' operation names and world size) must be "
     "carried across that, or the ranks would disagree after a resize and an exchange could wait forever. "
     "PyTorch: pass it to the elastic state, hvd.elastic.TorchState(model=..., optimizer=..., "
-    "compression=compression) (horovod_sparse.torch.elastic; not `auto` or randomk yet). Otherwise launch a "
+    "compression=compression) (horovod_sparse.torch.elastic; not the in-band randomk yet). Otherwise launch a "
     "fixed number of workers (horovodrun --gloo -np N, horovodrun -np N, mpirun), or train elastic jobs with a "
     "stateless compression (horovod_sparse's fp16 or none, or hvd.Compression.fp16)")
 

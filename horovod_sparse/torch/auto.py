@@ -105,6 +105,9 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
     """
 
     carried = "horovod"
+    #: set by an elastic state that carries this compressor (horovod_sparse.torch.elastic)
+    in_elastic_state = False
+    elastic_report = elastic_handler = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -137,12 +140,16 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
 
     # -- Horovod's interface ------------------------------------------------------------
     def compress(self, tensor):
+        if self._step_finished and self.elastic_handler is not None and self._comm is not None \
+                and hvd.size() != self._world_size:
+            self.elastic_handler.sync()  # elastic Horovod removed workers and skipped its sync: carry over now
         if self._comm is None:
             check_caller("auto", hvd.Adasum, _DistributedAdasumOptimizer._allreduce_grad_async.__code__,
                          process_sets=True)
             self._process_set = caller_process_set()
             self._comm = communicator_of(self._process_set)
-            refuse_what_the_transport_cannot_carry(self._comm, self.algorithms.values())
+            refuse_what_the_transport_cannot_carry(self._comm, self.algorithms.values(),
+                                                   in_elastic_state=self.in_elastic_state)
             self._world_size = self._comm.Get_size()  # read once: decompress makes no MPI call (out_of_band.py)
             check_same_on_every_rank(self.settings(), self._comm, "auto settings")
         if self._step_finished:
@@ -290,6 +297,17 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
                 out.update({key: (slices.get(key, {}), float(self._gradients[key].detach().float().norm()))
                             for key in self._recorded[spec]})
         return out
+
+    def rejoin(self, state):
+        """Go on in a world elastic Horovod has formed anew: each candidate's exchanges made again
+        on the new world's ranks at the next step, from ``state`` (:meth:`load_state_dict`'s form;
+        :mod:`horovod_sparse.torch.elastic` decides what carries over). A step in progress is
+        dropped: elastic Horovod runs it again."""
+        self.close()
+        self.buckets = {spec: Bucket(algorithm, TORCH_ARRAYS) for spec, algorithm in self.algorithms.items()}
+        self._comm = self._world_size = self._process_set = None
+        self._position, self._step_finished, self._sums = 0, True, None
+        self.load_state_dict(state)
 
     def candidate_states(self):
         return {spec: bucket.pipelines.state_dict() for spec, bucket in self.buckets.items()}

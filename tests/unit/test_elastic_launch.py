@@ -139,7 +139,10 @@ def train(state):
 
 train(state)
 print("done", hvd.rank(), hvd.size(), state.step, digest(model), flush=True)
-print("residuals", hvd.rank(), sum(key != "(fused)" for key in compression.state_dict()), flush=True)
+own = compression.state_dict()
+own = own["candidates"][sorted(own["candidates"])[0]] if "auto" in own else own  # auto: its first candidate's
+print("residuals", hvd.rank(), sum(key != "(fused)" for key in own), flush=True)
+print("phase", hvd.rank(), compression.auto_report["phase"] if "auto" in SPEC else "-", flush=True)
 
 # a checkpoint after the resizes resumes bit-exact: two more steps from it equal two more steps
 saved = gather_state(compression)
@@ -160,7 +163,8 @@ print("losses", hvd.rank(), state.loss, plain_loss, flush=True)
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("spec, how", [("topk:density=0.05", "removed"), ("powersgd:rank=2", "killed")])
+@pytest.mark.parametrize("spec, how", [("topk:density=0.05", "removed"), ("powersgd:rank=2", "killed"),
+                                       ("auto:profile_steps=2,trial_steps=2,max_trials=2", "removed")])
 def test_a_job_that_loses_a_worker_and_regains_it_carries_the_compressors_state(tmp_path, spec, how):
     (tmp_path / "resizing.py").write_text(RESIZING)
     status, output = run_resizing_program(tmp_path, "resizing.py", spec, how)
@@ -170,7 +174,11 @@ def test_a_job_that_loses_a_worker_and_regains_it_carries_the_compressors_state(
     # the two ranks that stayed saw both changes, the one that came back the second only: the same report each
     reports = re.findall(r"report (\d) (\d) (\d) (\d) (\d)", output)
     assert sorted(r[1:] for r in reports) == [("2", "3", "0", "1")] * 3 + [("3", "2", "1", "0")] * 2, output[-4000:]
-    assert re.findall(r"residuals \d (\d+)", output) == ["4"] * 3, output[-4000:]  # compressed steps, not a warm-up
-    assert re.findall(r"resumed \d (\w+)", output) == ["True"] * 3, output[-4000:]
+    if spec.startswith("auto"):  # its decision carried to the rank that joined: the same phase on every rank
+        assert len(set(re.findall(r"phase \d (\w+)", output))) == 1, output[-4000:]
+    else:  # compressed steps (not a warm-up), and a resume bit for bit; auto's choices of none and fp16
+        # go through Horovod's allreduce, whose order of additions at 3 ranks may differ between runs
+        assert re.findall(r"residuals \d (\d+)", output) == ["4"] * 3, output[-4000:]
+        assert re.findall(r"resumed \d (\w+)", output) == ["True"] * 3, output[-4000:]
     for resized, plain in re.findall(r"losses \d ([\d.e-]+) ([\d.e-]+)", output):
         assert abs(float(resized) - float(plain)) <= 0.25 * float(plain), output[-4000:]

@@ -47,32 +47,38 @@ def test_a_padded_matrix_is_left_to_the_per_matrix_code():
     assert runs == [] and [block for block, *_ in rest] == list(plan.matrices)
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device (torch.cuda.is_available() is False)")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rank", [1, 3])
 @pytest.mark.parametrize("subtract", [False, True])
-def test_batched_products_agree_with_the_per_matrix_code(rank, subtract):
+def test_batched_products_agree_with_the_per_matrix_code(rank, subtract, device):
     plan, (runs, rest) = runs_of([(24, 20), (20,), (24, 20), (20,), (24, 20), (16, 3, 3, 3), (16, 3, 3, 3)], rank)
     assert rest == [] and len(runs) == 2
     rng = np.random.default_rng(0)
-    flat = torch.from_numpy(rng.standard_normal(plan.n).astype(np.float32))
-    q = torch.from_numpy(rng.standard_normal(plan.q_size).astype(np.float32))
-    p, q_back = torch.empty(plan.p_size), torch.empty(plan.q_size)
+    flat = torch.from_numpy(rng.standard_normal(plan.n).astype(np.float32)).to(device)
+    q = torch.from_numpy(rng.standard_normal(plan.q_size).astype(np.float32)).to(device)
+    p, q_back = torch.empty(plan.p_size, device=device), torch.empty(plan.q_size, device=device)
     for run in runs:
         m = batched.matrices(flat, run)
         batched.project(torch, m, batched.factor(q, run.q, run, run.cols), batched.factor(p, run.p, run, run.rows))
         batched.back_project(torch, m, batched.factor(p, run.p, run, run.rows),
                              batched.factor(q_back, run.q, run, run.cols))
     spans = _factor_spans(plan)
+    host = {name: x.cpu().numpy() for name, x in (("flat", flat), ("q", q), ("p", p), ("q_back", q_back))}
     for block, p_span, q_span in spans:  # P = M Q and Q = M^T P, against numpy in float64
-        m = flat.numpy()[block.offset:block.offset + block.size].reshape(block.rows, block.cols).astype(np.float64)
-        want_p = m @ q.numpy()[q_span].reshape(block.cols, -1)
-        got_p = p.numpy()[p_span].reshape(block.rows, -1)
-        assert np.abs(got_p - want_p).max() <= 8 * block.cols * EPS32 * np.abs(m).max() * np.abs(q.numpy()).max()
+        m = host["flat"][block.offset:block.offset + block.size].reshape(block.rows, block.cols).astype(np.float64)
+        want_p = m @ host["q"][q_span].reshape(block.cols, -1)
+        got_p = host["p"][p_span].reshape(block.rows, -1)
+        assert np.abs(got_p - want_p).max() <= 8 * block.cols * EPS32 * np.abs(m).max() * np.abs(host["q"]).max()
         want_q = m.T @ got_p.astype(np.float64)
-        got_q = q_back.numpy()[q_span].reshape(block.cols, -1)
+        got_q = host["q_back"][q_span].reshape(block.cols, -1)
         assert np.abs(got_q - want_q).max() <= 8 * block.rows * EPS32 * np.abs(m).max() * np.abs(got_p).max()
     # the result (or residual) products: the per-matrix code's bits exactly
     by_runs, by_matrix = flat.clone(), flat.clone()
-    scratch = (torch.empty(plan.n), torch.empty(plan.n))
+    scratch = (torch.empty(plan.n, device=device), torch.empty(plan.n, device=device))
     for run in runs:
         batched.expand(torch, batched.matrices(by_runs, run), batched.factor(p, run.p, run, run.rows),
                        batched.factor(q_back, run.q, run, run.cols), scratch, subtract)
