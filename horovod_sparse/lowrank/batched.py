@@ -4,8 +4,9 @@ one per matrix (the device path: torch's own ops, as on a GPU).
 A model's gradients repeat a handful of shapes (the layers of a transformer block, a
 ResNet stage's convolutions), laid out one after the other in the fused buffer, often
 with a bias between them: equally spaced. A :class:`Run` is such a sequence of plan
-matrices, consecutive in the plan, of one ``(rows, cols, rank)``, each a whole matrix (no
-short last row), at equal distances in the buffer. Its matrices are one strided 3-D view
+matrices of one ``(rows, cols, rank)``, each a whole matrix (no short last row), at equal
+distances in the buffer (the pipeline lays their factors out by shape, so that the same
+shapes of a transformer's consecutive layers form one run). Its matrices are one strided 3-D view
 of the buffer (no copy), and their P's and Q's are consecutive in the factor buffers, so
 one ``bmm`` projects them all, as PyTorch's ``batched_powerSGD_hook`` and its per-shape
 batching do. The launches of a step then grow with the number of distinct runs, not of
@@ -52,12 +53,13 @@ class Run:
 
 
 def make_runs(spans):
-    """The plan's matrices as runs, in plan order: ``spans`` is the pipeline's
-    ``(block, p_span, q_span)`` list. Returns ``(runs, rest)``: ``rest`` the spans of the
+    """The plan's matrices as runs, in the order of their factors in the P buffer: ``spans`` is
+    the pipeline's ``(block, p_span, q_span)`` list (its factors lie by shape, so same-shape
+    matrices are neighbours there). Returns ``(runs, rest)``: ``rest`` the spans of the
     matrices no run can view (a zero-padded one, whose last row is short), for the
     per-matrix code."""
     runs, rest = [], []
-    for block, p_span, q_span in spans:
+    for block, p_span, q_span in sorted(spans, key=lambda span: span[1].start):
         if block.size != block.rows * block.cols:
             rest.append((block, p_span, q_span))
             continue

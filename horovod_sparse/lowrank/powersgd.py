@@ -419,8 +419,9 @@ class PowerSGDPipeline(Pipeline):
     def _products(self, lib, m, factors, out, product):
         """Step 3 (``product`` :func:`.factors.project`: P = M Q, ``factors`` the start Q's, ``out``
         the P buffer) or step 5 (:func:`.factors.back_project`: Q = M^T P, ``factors`` the basis,
-        ``out`` the Q buffer) for every matrix of ``m``. Returns the new factors in plan order
-        (TensorFlow); numpy and torch write them into ``out`` and return []. Torch runs one
+        ``out`` the Q buffer) for every matrix of ``m``. Returns the new factors in the order of
+        their places in the buffer (TensorFlow: :func:`_joined` puts them together); numpy and
+        torch write them into ``out`` and return []. Torch runs one
         batched product per run of same-shape matrices (:mod:`.batched`), as on a GPU."""
         forward = product is project
         spans = self._spans
@@ -436,9 +437,9 @@ class PowerSGDPipeline(Pipeline):
         for block, p_span, q_span in spans:
             a_span, a_rows, b_span, b_rows = ((q_span, block.cols, p_span, block.rows) if forward
                                               else (p_span, block.rows, q_span, block.cols))
-            made.append(product(lib, BlockView(m, block), _factor(factors, a_span, a_rows),
-                                _factor(out, b_span, b_rows)))
-        return [] if lib is not None else made
+            made.append((b_span.start, product(lib, BlockView(m, block), _factor(factors, a_span, a_rows),
+                                                _factor(out, b_span, b_rows))))
+        return [] if lib is not None else [factor for _, factor in sorted(made, key=lambda made: made[0])]
 
     def regime(self):
         """The warm-up's phase at the next step, in words (for reports)."""
@@ -558,11 +559,24 @@ def _place(step, acc):
 
 
 def _factor_spans(plan):
-    """(block, its P's slice of the P buffer, its Q's slice of the Q buffer), in plan order."""
-    spans, at_p, at_q = [], 0, 0
+    """(block, its P's slice of the P buffer, its Q's slice of the Q buffer), in plan order.
+
+    The factors lie in the buffers by shape: the matrices of one ``(rows, cols, rank)`` back to
+    back, in buffer order, the shapes in the order they first appear; so same-shape matrices
+    that are not neighbours in the plan (a transformer's layers: each layer's shapes, then the
+    next layer's) still have adjacent factors, and torch's device path takes them in one batched
+    product (:func:`.batched.make_runs`). The order only places the factors in the Allreduces'
+    buffers (an element's sum is the same whatever its place, but for the order P > 2 ranks add
+    it in)."""
+    first_seen = {}
     for block in plan.matrices:
-        spans.append((block, slice(at_p, at_p + block.rows * block.rank),
-                      slice(at_q, at_q + block.cols * block.rank)))
+        first_seen.setdefault((block.rows, block.cols, block.rank), len(first_seen))
+    order = sorted(range(len(plan.matrices)), key=lambda i: (
+        first_seen[(plan.matrices[i].rows, plan.matrices[i].cols, plan.matrices[i].rank)], plan.matrices[i].offset))
+    spans, at_p, at_q = [None] * len(plan.matrices), 0, 0
+    for i in order:
+        block = plan.matrices[i]
+        spans[i] = (block, slice(at_p, at_p + block.rows * block.rank), slice(at_q, at_q + block.cols * block.rank))
         at_p += block.rows * block.rank
         at_q += block.cols * block.rank
     return spans

@@ -20,22 +20,25 @@ def runs_of(entries, rank=2):
 
 
 def test_equally_spaced_same_shapes_share_a_run():
-    # w w w at distance 500 (a bias between), then w at another distance, two convs back to back
+    # w w w at distance 500 (a bias between), then w at another distance, two convs back to back,
+    # a last w: the factors lie by shape (the w's, then the convs), so the last two w's are a run too
     plan, (runs, rest) = runs_of([(24, 20), (20,), (24, 20), (20,), (24, 20), (24, 20),
                                   (16, 3, 3, 3), (16, 3, 3, 3), (24, 20)])
     assert rest == []
     assert [(r.offset, r.stride, r.count, r.rows, r.cols) for r in runs] == [
-        (0, 500, 3, 24, 20), (1480, 480, 1, 24, 20), (1960, 432, 2, 16, 27), (2824, 480, 1, 24, 20)]
+        (0, 500, 3, 24, 20), (1480, 1344, 2, 24, 20), (1960, 432, 2, 16, 27)]
     # the runs cover every matrix, once, and their factors are back to back in plan order
     assert sum(r.count for r in runs) == len(plan.matrices)
     assert runs[0].p == slice(0, 3 * 24 * 2) and runs[1].p.start == runs[0].p.stop
     assert runs[0].q == slice(0, 3 * 20 * 2) and runs[2].q.start == runs[1].q.stop
 
 
-def test_another_shape_starts_a_new_run_and_a_dense_entry_only_spaces_one():
-    # (24, 20), (30, 30), (24, 20): three runs, the last not joined to the first
-    _, (runs, _) = runs_of([(24, 20), (30, 30), (24, 20)])
-    assert [(r.rows, r.cols, r.count) for r in runs] == [(24, 20, 1), (30, 30, 1), (24, 20, 1)]
+def test_same_shapes_apart_share_a_run_and_a_dense_entry_only_spaces_one():
+    # (24, 20), (30, 30), (24, 20): the two (24, 20) are one run (their factors side by side)
+    plan, (runs, _) = runs_of([(24, 20), (30, 30), (24, 20)])
+    assert [(r.rows, r.cols, r.count, r.stride) for r in runs] == [(24, 20, 2, 1380), (30, 30, 1, 900)]
+    spans = _factor_spans(plan)  # in plan order, placed by shape
+    assert [(p.start, q.start) for _, p, q in spans] == [(0, 0), (2 * 48, 2 * 40), (48, 40)]
     # (2, 100) is too thin to compress at rank 2 (200 < 2 * 2 * 102): dense, between two of a run
     _, (runs, _) = runs_of([(24, 20), (2, 100), (24, 20)])
     assert [(r.offset, r.stride, r.count) for r in runs] == [(0, 680, 2)]
