@@ -421,8 +421,8 @@ class PowerSGDPipeline(Pipeline):
         the P buffer) or step 5 (:func:`.factors.back_project`: Q = M^T P, ``factors`` the basis,
         ``out`` the Q buffer) for every matrix of ``m``. Returns the new factors in the order of
         their places in the buffer (TensorFlow: :func:`_joined` puts them together); numpy and
-        torch write them into ``out`` and return []. Torch runs one
-        batched product per run of same-shape matrices (:mod:`.batched`), as on a GPU."""
+        torch write them into ``out`` and return []. Torch runs one batched product per run of
+        same-shape matrices (:mod:`.batched`), as on a GPU."""
         forward = product is project
         spans = self._spans
         if _batches(lib):
