@@ -65,11 +65,10 @@ def make_runs(spans):
             continue
         last = runs[-1] if runs else None
         if last is not None and (last.rows, last.cols, last.rank) == (block.rows, block.cols, block.rank) \
-                and last.p.stop == p_span.start and last.q.stop == q_span.start \
-                and (last.count == 1 or block.offset - last.offset == last.count * last.stride):
-            stride = block.offset - last.offset if last.count == 1 else last.stride
-            if stride >= block.size:  # matrices never overlap
-                runs[-1] = Run(last.offset, stride, last.count + 1, block.rows, block.cols, block.rank,
+                and last.p.stop == p_span.start and last.q.stop == q_span.start:
+            gap = block.offset - (last.offset + (last.count - 1) * last.stride)  # from the run's last matrix
+            if gap >= block.size and (last.count == 1 or gap == last.stride):  # no overlap, equally spaced
+                runs[-1] = Run(last.offset, gap, last.count + 1, block.rows, block.cols, block.rank,
                                slice(last.p.start, p_span.stop), slice(last.q.start, q_span.stop))
                 continue
         runs.append(Run(block.offset, block.size, 1, block.rows, block.cols, block.rank, p_span, q_span))
