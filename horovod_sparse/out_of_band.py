@@ -85,8 +85,6 @@ class OutOfBandCompressorBase:
     """
 
     ops = None  # the frontend's ArrayOps
-    #: whether an elastic state carries this compressor's state across resizes (it sets this)
-    in_elastic_state = False
     #: what the last change of elastic Horovod's world carried over, and the handler that carries
     #: it (:mod:`horovod_sparse.torch.elastic`; None outside an elastic state)
     elastic_report = elastic_handler = None
@@ -119,7 +117,7 @@ class OutOfBandCompressorBase:
         point-to-point messages, and a planned schedule (its channel threads would issue
         Horovod operations in an order that differs between ranks)."""
         refuse_what_the_transport_cannot_carry(comm, [self.algorithm], getattr(self, "schedule", "after_backward"),
-                                               in_elastic_state=self.in_elastic_state)
+                                               in_elastic_state=self.elastic_handler is not None)
         self._comm, self._world_size = comm, comm.Get_size()
 
     @property

@@ -106,7 +106,6 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
 
     carried = "horovod"
     #: set by an elastic state that carries this compressor (horovod_sparse.torch.elastic)
-    in_elastic_state = False
     elastic_report = elastic_handler = None
 
     def __init__(self, *args, **kwargs):
@@ -140,16 +139,15 @@ class TorchAutoCompressor(AutoRuntime, HorovodCompressor):
 
     # -- Horovod's interface ------------------------------------------------------------
     def compress(self, tensor):
-        if self._step_finished and self.elastic_handler is not None and self._comm is not None \
-                and hvd.size() != self._world_size:
-            self.elastic_handler.sync()  # elastic Horovod removed workers and skipped its sync: carry over now
+        if self._step_finished and self.elastic_handler is not None and self._comm is not None:
+            self.elastic_handler.follow_removals(self._world_size)
         if self._comm is None:
             check_caller("auto", hvd.Adasum, _DistributedAdasumOptimizer._allreduce_grad_async.__code__,
                          process_sets=True)
             self._process_set = caller_process_set()
             self._comm = communicator_of(self._process_set)
             refuse_what_the_transport_cannot_carry(self._comm, self.algorithms.values(),
-                                                   in_elastic_state=self.in_elastic_state)
+                                                   in_elastic_state=self.elastic_handler is not None)
             self._world_size = self._comm.Get_size()  # read once: decompress makes no MPI call (out_of_band.py)
             check_same_on_every_rank(self.settings(), self._comm, "auto settings")
         if self._step_finished:

@@ -145,23 +145,32 @@ class CompressionStateHandler(horovod_state.StateHandler):
 
     def __init__(self, compression):
         super().__init__(compression)
-        compression.in_elastic_state, compression.elastic_handler = True, self
-        self._commits = 0
-        self.save()
-        self._commits = 0  # the state as it was built: no rank has carried anything yet
+        compression.elastic_handler = self
+        self._keep()
+        self._committed = False  # the state as it was built: no rank has carried anything yet
 
     def save(self):
+        self._keep()
+        self._committed = True
+
+    def _keep(self):
         self._saved = copy.deepcopy(self.value.state_dict())  # numpy arrays and numbers: host copies
         self._saved_size = hvd.size() if hvd.is_initialized() else 0
-        self._commits += 1
 
     def restore(self):
         self.value.load_state_dict(copy.deepcopy(self._saved))
 
+    def follow_removals(self, world_size):
+        """At a step's first ``compress``, with ``world_size`` the size the compressor's exchanges
+        were made for: :meth:`sync` if Horovod's world is another now (elastic Horovod skips its
+        own sync where hosts were only removed). Every rank of the new world sees the same sizes."""
+        if hvd.size() != world_size:
+            self.sync()
+
     def sync(self):
         world.forget()  # Horovod may have been initialised anew: its world is mapped again
         size = hvd.size()
-        mine = torch.tensor([[int(self._commits > 0), self._saved_size]], dtype=torch.int64)
+        mine = torch.tensor([[int(self._committed), self._saved_size]], dtype=torch.int64)
         table = hvd.allgather(mine, name="horovod_sparse.elastic.sync").numpy()
         survivors = np.flatnonzero(table[:, 0] == 1)
         same_world = len(survivors) == size and np.all(table[:, 1] == size)
@@ -170,7 +179,7 @@ class CompressionStateHandler(horovod_state.StateHandler):
             return
         shared = _broadcast_state(shared_part(self._saved) if hvd.rank() == survivors[0] else None,
                                   int(survivors[0]))
-        own = own_part(copy.deepcopy(self._saved)) if self._commits > 0 else {}
+        own = own_part(copy.deepcopy(self._saved)) if self._committed else {}
         self.value.rejoin(carried_across_resize(shared, own))
         size_before = int(table[survivors, 1].max())
         report = ElasticReport(size_before, size, size_before - len(survivors), size - len(survivors),

@@ -148,9 +148,8 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self.exact_report = None     # (index, exact) of the last of them; None before one, and after a load
 
     def compress(self, tensor):
-        if self._step_finished and self.elastic_handler is not None and self._caller_checked \
-                and hvd.size() != self._world_size:
-            self.elastic_handler.sync()  # elastic Horovod removed workers and skipped its sync: carry over now
+        if self._step_finished and self.elastic_handler is not None and self._caller_checked:
+            self.elastic_handler.follow_removals(self._world_size)
         if not self._caller_checked:
             check_caller(self.algorithm.name, hvd.Adasum, _DistributedAdasumOptimizer._allreduce_grad_async.__code__,
                          process_sets=True)
