@@ -29,14 +29,7 @@ def run_elastic_program(program_dir, name, ranks):
     """An elastic Horovod job on this host: ``horovodrun -np RANKS --min-np RANKS --max-np
     RANKS`` with a host discovery script naming ``localhost:RANKS`` (Gloo, as elastic Horovod
     always is), in its own process group; returns (exit status, tagged output of all ranks)."""
-    discover = Path(program_dir) / "discover_hosts.sh"
-    discover.write_text(f"#!/bin/sh\necho localhost:{ranks}\n")
-    discover.chmod(0o755)
-    horovodrun = str(Path(sys.executable).parent / "horovodrun")
-    # one host only: name its interface, or the driver waits for a second host to compare interfaces with
-    return _run(program_dir, [horovodrun, "-np", str(ranks), "--min-np", str(ranks), "--max-np", str(ranks),
-                              "--host-discovery-script", str(discover), "--network-interface", "lo",
-                              "--elastic-timeout", "60", sys.executable, name])
+    return _run_elastic(program_dir, f"echo localhost:{ranks}", (ranks, ranks, ranks), [], [name])
 
 
 def run_resizing_program(program_dir, name, *args):
@@ -46,15 +39,22 @@ def run_resizing_program(program_dir, name, *args):
     while the file ``phase`` in PROGRAM_DIR says ``1`` (the program writes it). The removed
     worker exits; Horovod blacklists its host, for 1-2 s only (``--blacklist-cooldown-range``),
     so that it can come back. Returns (exit status, tagged output of all ranks)."""
+    hosts = 'echo localhost:2\n[ "$(cat "$(dirname "$0")/phase" 2>/dev/null)" = 1 ] || echo 127.0.0.1:1'
+    return _run_elastic(program_dir, hosts, (3, 2, 3), ["--blacklist-cooldown-range", "1", "2"], [name, *args])
+
+
+def _run_elastic(program_dir, discovery, sizes, options, program):
+    """``horovodrun -np/--min-np/--max-np *sizes* OPTIONS python PROGRAM...`` in PROGRAM_DIR, its
+    host discovery script the shell lines ``discovery``; see :func:`_run`."""
     discover = Path(program_dir) / "discover_hosts.sh"
-    discover.write_text('#!/bin/sh\necho localhost:2\n[ "$(cat "$(dirname "$0")/phase" 2>/dev/null)" = 1 ] '
-                        '|| echo 127.0.0.1:1\n')
+    discover.write_text(f"#!/bin/sh\n{discovery}\n")
     discover.chmod(0o755)
     horovodrun = str(Path(sys.executable).parent / "horovodrun")
-    return _run(program_dir, [horovodrun, "-np", "3", "--min-np", "2", "--max-np", "3",
+    np_, min_np, max_np = (str(size) for size in sizes)
+    # one host only: name its interface, or the driver waits for a second host to compare interfaces with
+    return _run(program_dir, [horovodrun, "-np", np_, "--min-np", min_np, "--max-np", max_np,
                               "--host-discovery-script", str(discover), "--network-interface", "lo",
-                              "--blacklist-cooldown-range", "1", "2", "--elastic-timeout", "60",
-                              sys.executable, name, *args])
+                              "--elastic-timeout", "60", *options, sys.executable, *program])
 
 
 def _run(program_dir, cmd):

@@ -77,7 +77,9 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 import horovod_sparse.torch as hvds
+from horovod_sparse import state_format
 from horovod_sparse.checkpoint import gather_state, scatter_state
+from horovod_sparse.torch.elastic import own_part
 
 SPEC, HOW, STEPS = sys.argv[1], sys.argv[2], 30
 hvd.init()
@@ -112,6 +114,7 @@ model, compression, opt, _ = make()
 state = hvd.elastic.TorchState(model=model, optimizer=opt, compression=compression, step=0, shrunk=False,
                                regrown=False, loss=0.0)
 reports = []
+seen = {"size": hvd.size(), "own": None}  # the world of the last step, this rank's own state at its commit
 
 
 @hvd.elastic.run
@@ -120,6 +123,11 @@ def train(state):
     # drops it while ./phase says 1) or dies in the middle of a step (Horovod blacklists its host
     # for 1-2 s, then starts it again)
     while (state.step < STEPS or not state.regrown) and state.step < 400:
+        if hvd.size() != seen["size"] and seen["own"] is not None:  # a rank that stayed, in a new world
+            now = own_part(compression.state_dict())
+            print("kept", hvd.rank(), bool(now) and state_format.encode(now).tobytes()
+                  == state_format.encode(seen["own"]).tobytes(), flush=True)
+        seen["size"] = hvd.size()
         if HOW == "killed" and state.step == 8 and os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1":
             model(torch.ones(1, 64)).sum().backward()  # its gradients are on their way...
             os._exit(1)                                # ...and it is gone
@@ -134,6 +142,7 @@ def train(state):
         if HOW == "removed" and hvd.rank() == 0 and state.step >= 8:
             open("phase", "w").write("1" if not state.shrunk else "2")
         time.sleep(0.05)
+        seen["own"] = own_part(compression.state_dict())  # what commit() saves (before it may raise)
         state.commit()
 
 
@@ -174,6 +183,9 @@ def test_a_job_that_loses_a_worker_and_regains_it_carries_the_compressors_state(
     # the two ranks that stayed saw both changes, the one that came back the second only: the same report each
     reports = re.findall(r"report (\d) (\d) (\d) (\d) (\d)", output)
     assert sorted(r[1:] for r in reports) == [("2", "3", "0", "1")] * 3 + [("3", "2", "1", "0")] * 2, output[-4000:]
+    # the ranks that stayed held their own residuals, as committed, after each change of world
+    kept = re.findall(r"kept \d (\w+)", output)
+    assert len(kept) >= 4 and set(kept) == {"True"}, output[-4000:]
     if spec.startswith("auto"):  # its decision carried to the rank that joined: the same phase on every rank
         assert len(set(re.findall(r"phase \d (\w+)", output))) == 1, output[-4000:]
     else:  # compressed steps (not a warm-up), and a resume bit for bit; auto's choices of none and fp16
