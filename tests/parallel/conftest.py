@@ -20,10 +20,11 @@ os.environ.setdefault("HOROVOD_SPARSE_WARMUP_STEPS", "0")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Deselect the tests marked ``world_sizes(...)`` that leave out this run's process count.
-    Every rank deselects the same tests (the count is the same everywhere), so the ranks still
-    run one sequence of collectives."""
-    size = MPI.COMM_WORLD.size
+    """Deselect the tests marked ``world_sizes(...)`` that leave out this run's process count:
+    mpirun's, or Horovod's under ``horovodrun --gloo`` (``HOROVOD_SIZE``: mpi4py's world is each
+    process alone there). Every rank deselects the same tests (the count is the same
+    everywhere), so the ranks still run one sequence of collectives."""
+    size = int(os.environ.get("HOROVOD_SIZE", MPI.COMM_WORLD.size))
     kept, dropped = [], []
     for item in items:
         marker = item.get_closest_marker("world_sizes")

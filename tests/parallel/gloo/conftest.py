@@ -4,13 +4,11 @@ module initialises its own): Horovod's ranks are Gloo's, mpi4py's world is each 
 and the out-of-band exchanges run over Horovod's own collectives
 (:mod:`horovod_sparse.horovod_collectives`).
 
-The tests here are not marked ``world_sizes``: mpi4py's world has one process on every rank,
-so tests/parallel/conftest.py's selection (and its failure sync over mpi4py) sees one rank.
-The run's outcome merges every rank's JUnit file. A test whose subject does not change with the
-number of ranks (a refusal) is marked ``horovod_sizes(2)`` and deselected at the others.
+mpi4py's world has one process on every rank, so tests/parallel/conftest.py's failure sync
+over mpi4py sees one rank; the run's outcome merges every rank's JUnit file. Its selection by
+``world_sizes`` reads Horovod's size (``HOROVOD_SIZE``): a test whose subject does not change
+with the number of ranks (a refusal) is marked ``world_sizes(2)``.
 """
-import os
-
 import pytest
 
 from horovod_sparse.agreement import communicator_of
@@ -29,15 +27,3 @@ def horovod(request):
     assert (comm.Get_size(), comm.Get_rank()) == (hvd.size(), hvd.rank()) and hvd.size() >= 2
     yield hvd
 
-
-def pytest_collection_modifyitems(config, items):
-    """Deselect the tests whose ``horovod_sizes`` mark leaves out this launch's size (horovodrun
-    sets ``HOROVOD_SIZE`` in every worker's environment)."""
-    size = int(os.environ.get("HOROVOD_SIZE", "0"))
-    kept, dropped = [], []
-    for item in items:
-        mark = item.get_closest_marker("horovod_sizes")
-        (dropped if mark is not None and size not in mark.args else kept).append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept

@@ -114,7 +114,7 @@ POINT_TO_POINT = (r"topk: its exchange sends point-to-point messages, which Horo
                   r"\(the transport here: gloo launch\) cannot carry")
 
 
-@pytest.mark.horovod_sizes(2)  # a refusal: the same at any size
+@pytest.mark.world_sizes(2)  # a refusal: the same at any size
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("spec, params, refusal", [
     ("gtopk:density=0.05", {}, POINT_TO_POINT),

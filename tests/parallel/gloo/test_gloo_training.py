@@ -76,7 +76,7 @@ def test_dense_equals_horovods_own_allreduce():
         np.testing.assert_allclose(ours, horovods, rtol=1e-5, atol=1e-6 * np.abs(horovods).max())
 
 
-@pytest.mark.horovod_sizes(2)  # a refusal: the same at any size
+@pytest.mark.world_sizes(2)  # a refusal: the same at any size
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("spec", ["gtopk:density=0.05", "oktopk:density=0.05", "topk:density=0.05,exchange=dsa"])
 def test_point_to_point_exchanges_are_refused_on_every_rank(spec):
@@ -86,7 +86,7 @@ def test_point_to_point_exchanges_are_refused_on_every_rank(spec):
     hvd.barrier()  # the ranks go on together: none waits in an exchange
 
 
-@pytest.mark.horovod_sizes(2)  # a refusal: the same at any size
+@pytest.mark.world_sizes(2)  # a refusal: the same at any size
 @pytest.mark.timeout(60)
 def test_planned_schedules_are_refused_on_every_rank():
     with pytest.raises(ValueError, match=r"schedule='mgwfbp' exchanges on helper threads"):
