@@ -3,8 +3,9 @@
 ``mpirun -np N`` for every N of the group (the way Horovod's own test/parallel runs); the
 ``gloo`` group under ``horovodrun --gloo -np N`` instead (one launch per module).
 
-A failure on any rank fails the run. Every mpirun has a wall-clock bound on top of
-pytest-timeout's per-test bound, so nothing hangs. The last line is the total over
+A failure on any rank fails the run. Every launch (the unit run too) has a wall-clock bound on
+top of pytest-timeout's per-test bound, and ends with every process it started killed, however
+far they went (scripts/bounded_run.py), so nothing hangs and nothing lingers. The last line is the total over
 all runs and ranks: ``N passed, N failed, N skipped``.
 
 Usage: python scripts/run_tests.py [--groups unit torch ...] [-k EXPR]
@@ -12,12 +13,12 @@ Usage: python scripts/run_tests.py [--groups unit torch ...] [-k EXPR]
 import argparse
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from bounded_run import TIMED_OUT, run_bounded
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -36,6 +37,7 @@ PARALLEL_GROUPS = {
     "worlds": [4],  # several Horovod jobs inside one mpirun: its scenarios name four processes
     "scale": [8, 16],  # the exchange on recorded selections at high P only (a few short tests)
 }
+UNIT_WALL_SECONDS = 1500  # about 6 min here
 MPIRUN_WALL_SECONDS = 900
 # groups launched by ``horovodrun --gloo`` instead of mpirun (Horovod's ranks are not one MPI job's:
 # the exchanges run over Horovod's collectives), with their process counts and wall-clock bound (per launch)
@@ -54,12 +56,11 @@ MPI_ENV = {
 
 def run_unit(results, extra):
     junit = results / "unit.xml"
-    # one worker per core (pytest-xdist); a module's tests stay on one worker, in order, as written
-    cmd = [PYTHON, "-m", "pytest", "tests/unit", "-q", "-n", "auto", "--dist", "loadfile",
+    # one worker per core (pytest-xdist); a module's tests stay on one worker, in order, as written;
+    # a worker that dies ends the run (a replaced worker can leave xdist's loadfile scheduler waiting forever)
+    cmd = [PYTHON, "-m", "pytest", "tests/unit", "-q", "-n", "auto", "--dist", "loadfile", "--max-worker-restart", "0",
            f"--junitxml={junit}", *extra]
-    print(f"\n$ {' '.join(cmd)}", flush=True)
-    rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, **MPI_ENV})
-    return rc, [junit]
+    return _launch(cmd, UNIT_WALL_SECONDS, "unit tests"), [junit]
 
 
 def run_parallel(group, np_, results, extra):
@@ -71,12 +72,7 @@ def run_parallel(group, np_, results, extra):
            *[a for k in MPI_ENV for a in ("-x", k)],
            "tests/mpi_rank.sh", str(logdir),
            PYTHON, "-m", "pytest", f"tests/parallel/{group}", "-q", *extra]
-    print(f"\n$ {' '.join(cmd)}", flush=True)
-    try:
-        rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, **MPI_ENV}, timeout=MPIRUN_WALL_SECONDS)
-    except subprocess.TimeoutExpired:
-        print(f"error: mpirun -np {np_} {group} exceeded {MPIRUN_WALL_SECONDS}s and was killed", flush=True)
-        rc = 124
+    rc = _launch(cmd, MPIRUN_WALL_SECONDS, f"mpirun -np {np_} {group}")
     if rc != 0:
         for log in sorted(logdir.glob("rank*.log")):
             print(f"\n----- {group} np={np_} {log.name} (last 60 lines) -----")
@@ -103,19 +99,23 @@ def run_horovodrun(group, np_, results, extra):
 def _horovodrun(module, np_, logdir, extra):
     cmd = [str(Path(PYTHON).parent / "horovodrun"), "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
            "tests/mpi_rank.sh", str(logdir), PYTHON, "-m", "pytest", str(module), "-q", *extra]
-    print(f"\n$ {' '.join(cmd)}", flush=True)
-    process = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **MPI_ENV}, start_new_session=True)
-    try:
-        rc = process.wait(timeout=HOROVODRUN_WALL_SECONDS)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        print(f"error: horovodrun -np {np_} {module} exceeded {HOROVODRUN_WALL_SECONDS}s and was killed", flush=True)
-        rc = 124
+    rc = _launch(cmd, HOROVODRUN_WALL_SECONDS, f"horovodrun -np {np_} {module}")
     if rc not in (0, 5):
         for log in sorted(logdir.glob("rank*.log")):
             print(f"\n----- {module} np={np_} {log.name} (last 60 lines) -----")
             print("\n".join(log.read_text(errors="replace").splitlines()[-60:]))
+    return rc
+
+
+def _launch(cmd, wall_s, label):
+    """Run one launch for at most ``wall_s`` seconds, then end everything it started, wherever it
+    went (scripts/bounded_run.py); returns its exit status, 124 when it ran out of time."""
+    print(f"\n$ {' '.join(cmd)}", flush=True)
+    rc, _, left = run_bounded(cmd, wall_s, cwd=ROOT, env={**os.environ, **MPI_ENV})
+    if rc == TIMED_OUT:
+        print(f"error: {label} exceeded {wall_s}s and was killed", flush=True)
+    if left:
+        print(f"warning: {label} left {len(left)} process(es) running; killed", flush=True)
     return rc
 
 

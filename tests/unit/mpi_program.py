@@ -2,10 +2,12 @@
 elastic Horovod's ``horovodrun --min-np ...``), for the tests that need each rank to be its own
 process from start to exit: the docs' runnable examples, ranks that end apart, elastic jobs."""
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
+
+from scripts_under_test import load_script
+
+BOUNDED = load_script("bounded_run")
 
 RUN_TIMEOUT_S = 180
 RUN_ENV = {
@@ -18,8 +20,8 @@ RUN_ENV = {
 
 
 def run_mpi_program(program_dir, name, ranks):
-    """mpirun -np RANKS python NAME in PROGRAM_DIR, in its own process group (a timeout ends
-    every rank); returns (exit status, tagged output of all ranks)."""
+    """mpirun -np RANKS python NAME in PROGRAM_DIR, bounded (see :func:`_run`);
+    returns (exit status, tagged output of all ranks)."""
     return _run(program_dir, ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "--tag-output",
                               "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
                               *[a for k in RUN_ENV for a in ("-x", k)], sys.executable, name])
@@ -28,7 +30,7 @@ def run_mpi_program(program_dir, name, ranks):
 def run_elastic_program(program_dir, name, ranks):
     """An elastic Horovod job on this host: ``horovodrun -np RANKS --min-np RANKS --max-np
     RANKS`` with a host discovery script naming ``localhost:RANKS`` (Gloo, as elastic Horovod
-    always is), in its own process group; returns (exit status, tagged output of all ranks)."""
+    always is), bounded (see :func:`_run`); returns (exit status, tagged output of all ranks)."""
     return _run_elastic(program_dir, f"echo localhost:{ranks}", (ranks, ranks, ranks), [], [name])
 
 
@@ -58,30 +60,12 @@ def _run_elastic(program_dir, discovery, sizes, options, program):
 
 
 def _run(program_dir, cmd):
+    """CMD in PROGRAM_DIR for at most RUN_TIMEOUT_S, with every process it started killed at its
+    end (scripts/bounded_run.py: elastic Horovod's workers leave the launcher's session);
+    returns (exit status, output of all ranks)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_SPARSE_")}  # users' defaults
     env.update(RUN_ENV)
-    proc = subprocess.Popen(cmd, cwd=program_dir, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.terminate()                   # mpirun passes SIGTERM on to the ranks
-        try:
-            output, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            kill_session(proc.pid)
-            output, _ = proc.communicate()
-        kill_session(proc.pid)             # ranks left behind (each in its own process group)
+    status, output, _ = BOUNDED.run_bounded(cmd, RUN_TIMEOUT_S, capture=True, cwd=program_dir, env=env)
+    if status == BOUNDED.TIMED_OUT:
         output += f"\n(killed after {RUN_TIMEOUT_S} s)"
-    return proc.returncode, output
-
-
-def kill_session(session):
-    """SIGKILL every process of the session mpirun started (``start_new_session``)."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) == session:
-                    os.kill(int(entry.name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    return status, output
