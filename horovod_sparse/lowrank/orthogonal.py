@@ -41,3 +41,30 @@ def orthonormalize(matrix):
             # a fixed order by numpy's axis-0 reduction).
             rest -= np.sum(col[:, None] * rest, axis=0) * col[:, None]
     return basis, zero_columns
+
+
+def orthonormalize_batched(torch, batch):
+    """The same Gram-Schmidt on the device, in float32, over a batch of matrices at once, in place.
+
+    batch : torch tensor ``(count, rows, r)`` (a run's summed P's or Q's, :mod:`.batched`), on
+    the device that uses them, as PyTorch's ``batched_powerSGD_hook`` orthogonalises: the
+    launches grow with the columns, not with the matrices, and nothing crosses to the host.
+    Each column's norm is taken of the column divided by its largest magnitude, so that float32
+    squares of small gradients neither underflow nor overflow; a column whose remaining norm is
+    exactly zero is set to zero (no count: that would read back); NaN/inf propagate. Every rank
+    holds the same sums and runs the same kernels, so on devices of one kind every rank gets the
+    same bits; they are within float32 rounding of :func:`orthonormalize`'s, not equal to them.
+    Returns ``batch``.
+    """
+    r = batch.shape[2]
+    for i in range(r):
+        col = batch[:, :, i:i + 1]  # (count, rows, 1)
+        scale = col.abs().amax(dim=1, keepdim=True)
+        scale = torch.where(scale == 0, 1.0, scale)
+        norm = scale * torch.linalg.vector_norm(col / scale, dim=1, keepdim=True)
+        col.copy_(torch.where(norm == 0, 0.0, col / norm))
+        if i + 1 < r:
+            rest = batch[:, :, i + 1:]
+            # projections of the later columns on this one, removed (rows summed by one reduction)
+            rest -= col * (col * rest).sum(dim=1, keepdim=True)
+    return batch

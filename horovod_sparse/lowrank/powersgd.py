@@ -14,8 +14,9 @@ TensorFlow frontend's host call on a GPU, or with ``on_device``), and the step r
 TensorFlow ops on its device: the same steps, the kernels of :mod:`.factors` returning new
 tensors where numpy's write into the workspace (:func:`_joined`, :func:`_spliced` put the
 pieces together). Only the factors cross to the host, for the two mpi4py Allreduces: P and
-the dense vector out, their sum back as the orthonormal basis and the dense sum (one
-transfer); Q out, its sum back with the next step's start Q's (one transfer).
+the dense vector out, their sum back (one transfer: as the orthonormal basis on numpy's and
+TensorFlow's path); Q out, its sum back (one transfer: with the next step's start Q's on
+numpy's and TensorFlow's path, which orthonormalise on the host).
 
 One step, per compressed matrix M (a x b, see :mod:`.plan`; products in :mod:`.factors`),
 with rank r:
@@ -30,9 +31,14 @@ with rank r:
    of M M^T (it changes nothing else: the span of P is the same). The previous step
    computed them ahead and uploaded them with its Q sum;
 3. P = M Q (float32); ONE Allreduce (sum) of all P matrices and the dense vector, float32;
-4. P_orth = Gram-Schmidt(sum of P) (:mod:`.orthogonal`), where the sum arrived: on the
-   host, in float64 numpy without BLAS, so every rank gets the same bits whatever its
-   device, library or thread count; rounded to float32 and sent to the device;
+4. P_orth = Gram-Schmidt(sum of P) (:mod:`.orthogonal`). On numpy's path and TensorFlow's,
+   where the sum arrived: on the host, in float64 numpy without BLAS, so every rank gets the
+   same bits whatever its device, library or thread count; rounded to float32 and sent to the
+   device. On torch's own ops (a GPU, or the device path on the CPU) the sum crosses as it is
+   and is orthonormalised there, in float32, one batched pass per run of one shape, as
+   PyTorch's ``batched_powerSGD_hook`` does; the ranks' device kinds join the agreement's
+   parameters, so ranks whose bits would differ (a mixed cluster) are refused, not let drift.
+   Step 2's next start Q's are made the same way from the uploaded Q sum;
 5. Q_local = M^T P_orth (float32); a second Allreduce (sum) of all Q matrices, float32;
 6. result = P_orth (sum of Q)^T; this rank's share ``kept`` = P_orth Q_local^T (so the
    result is the sum over ranks of ``kept``, up to float32 rounding of the Q sum); both
@@ -74,6 +80,7 @@ this rank i's ring chunk, i.e. ``2(P-1)/P * 4 * (sum_m r_m (a_m + b_m) + dense_n
 divides N1 and N2. An empty Allreduce is skipped (no bytes, no message). On top of that,
 control bytes: one Allgather of a 10-int64 agreement header, 80 (P-1) bytes each way.
 """
+import functools
 import sys
 from typing import Optional
 
@@ -93,7 +100,7 @@ from horovod_sparse.warmup import Warmup
 from . import batched
 from .accumulate import accumulate
 from .factors import BlockView, back_project, expand_block, library, project, scratch_elements, transposed
-from .orthogonal import orthonormalize
+from .orthogonal import orthonormalize, orthonormalize_batched
 from .plan import make_plan
 
 #: error code of this rank's header when its gradient is not a 1-D float array of length n
@@ -104,7 +111,8 @@ _ERROR_TEXTS = {BAD_GRADIENT_CODE: "invalid input: grad is not a 1-D float array
 _ALGORITHM_NAMES = ("powersgd",)
 _HINT = (" [PowerSGD: 'invalid input' = that rank's grad is not a 1-D float array of length n; "
          "'params' = the ranks' layouts (or rank, error_feedback, warm_start, seed, "
-         "min_compression_rate) differ]")
+         "min_compression_rate) differ, or their gradients' devices are of different kinds "
+         "(GPU models, CUDA or torch versions, CPU and GPU), whose orthonormalisations would differ]")
 #: elements per chunk of rows when the result and residual are written on CPU (256 KiB:
 #: the products stay in cache); other devices do a block at once
 _CPU_CHUNK = 1 << 18
@@ -282,7 +290,35 @@ class PowerSGDPipeline(Pipeline):
         else computed and uploaded now (the first step, after a warm-up or a restore)."""
         if self._start_ahead is not None and self._start_ahead[0] == _place(self.step_count, acc):
             return self._start_ahead[1]
+        lib = library(self._kernel(acc))  # numpy's on a CPU tensor that takes numpy's kernels
+        q_flat = ws.q_summed  # the warm-start Q's as a Q sum arrives: in factor order
+        for (_, _, q_span), q in zip(self._spans, self._q):
+            q_flat[q_span] = q.ravel()
+        if self._starts_on_device(lib, q_flat):  # as a step ahead makes them from its Q sum
+            return self._orthonormalized(lib, namespace.copy_of(host.from_host(q_flat, acc)), "q")
         return host.from_host(self._starts(self.step_count, self._q, ws.start), acc)
+
+    def _starts_on_device(self, lib, q_flat):
+        """Whether step 2's start Q's are orthonormalised on the device (torch's own ops, from the
+        warm-start Q's ``q_flat``, host float32 in factor order): not when they are fresh draws
+        (drawn on the host), nor when a Q has a zero column, which the host's code redraws
+        (a zero gradient; found on the host's copy, not by a read-back)."""
+        if not (_batches(lib) and self.warm_start):
+            return False
+        return not any(np.any(np.all(_factor(q_flat, q_span, block.cols) == 0, axis=0))
+                       for block, _, q_span in self._spans)
+
+    def _orthonormalized(self, lib, flat, which):
+        """Step 4's or step 2's Gram-Schmidt on the device: the P's (``which`` "p") or Q's ("q")
+        in the flat torch buffer ``flat``, in place, one batched pass per run of one shape
+        (:func:`.orthogonal.orthonormalize_batched`); returns ``flat``."""
+        for run in self._runs:
+            span, rows = (run.p, run.rows) if which == "p" else (run.q, run.cols)
+            orthonormalize_batched(lib, batched.factor(flat, span, run, rows))
+        for block, p_span, q_span in self._unbatched:
+            span, rows = (p_span, block.rows) if which == "p" else (q_span, block.cols)
+            orthonormalize_batched(lib, _factor(flat, span, rows)[None])
+        return flat
 
     # ------------------------------------------------------------------- step
     def _checked(self, grad):
@@ -350,8 +386,10 @@ class PowerSGDPipeline(Pipeline):
         fused = acc is not None and self._fused_on(acc)
         call, self._calls = self._calls, self._calls + 1  # on every rank, also when rejected
         dense = self.warmup.phase(self.step_count) == "dense"
+        # the device path orthonormalises on each rank's device: its kind joins what every rank must share
+        params = self._params_code if acc is None else _with_device_kind(self._params_code, self._kernel(acc))
         try:
-            agree_call(self._comm, n=self.n, call=call, tag=tag, params=self._params_code,
+            agree_call(self._comm, n=self.n, call=call, tag=tag, params=params,
                        error_code=code, error_detail=detail, k=self.approx_rank,
                        count=self.n if dense else plan.p_size + plan.dense_size, algorithm_names=_ALGORITHM_NAMES,
                        exchange="PowerSGD", error_texts=_ERROR_TEXTS, finite=acc is None or (finite and acc_finite()))
@@ -376,10 +414,14 @@ class PowerSGDPipeline(Pipeline):
         send = _joined(ws.send, p_local + [dense], acc)
         p_summed = self._allreduce(host.to_host(send), ws.p_summed)
 
-        for block, p_span, _ in self._spans:                                        # step 4
-            basis, _ = orthonormalize(p_summed[p_span].reshape(block.rows, block.rank))
-            ws.basis[p_span] = basis.ravel()
-        basis, dense_sum = host.from_host_packed((ws.basis, p_summed[plan.p_size:]), acc)  # one transfer
+        if _batches(lib):                                                           # step 4
+            summed = host.from_host(p_summed, acc)  # one transfer: the P sums, the dense sum
+            basis, dense_sum = self._orthonormalized(lib, summed[:plan.p_size], "p"), summed[plan.p_size:]
+        else:
+            for block, p_span, _ in self._spans:
+                basis, _ = orthonormalize(p_summed[p_span].reshape(block.rows, block.rank))
+                ws.basis[p_span] = basis.ravel()
+            basis, dense_sum = host.from_host_packed((ws.basis, p_summed[plan.p_size:]), acc)  # one transfer
 
         q_send = kernel(ws.q_send)                                                  # step 5
         q_local = _joined(ws.q_send, self._products(lib, m, kernel(basis), q_send, back_project), acc)
@@ -388,8 +430,12 @@ class PowerSGDPipeline(Pipeline):
         # step 2, ahead: this step's start Q's are used, their buffer takes the next step's (on
         # the host's path the start kept ahead may be that buffer: forgotten until the step ends)
         self._start_ahead = None
-        next_start = self._starts(self.step_count + 1, next_q, ws.start)
-        q_sum, next_start = host.from_host_packed((q_summed, next_start), acc)  # one transfer
+        if self._starts_on_device(lib, q_summed):  # orthonormalised where they are used, from the Q sum
+            q_sum = host.from_host(q_summed, acc)  # one transfer
+            next_start = self._orthonormalized(lib, namespace.copy_of(q_sum), "q")
+        else:
+            next_start = self._starts(self.step_count + 1, next_q, ws.start)
+            q_sum, next_start = host.from_host_packed((q_summed, next_start), acc)  # one transfer
 
         # Step 6 in the buffer's own library: element-wise work, where torch's CPU kernels
         # beat numpy's broadcasting ones (4096 x 2048 outer product: 1 vs 4 ms).
@@ -595,6 +641,29 @@ def _factor(flat, span, rows):
 def _part(flat, span):
     """``flat[span]`` (a view), None for no buffer."""
     return None if flat is None else flat[span]
+
+
+def _with_device_kind(params, m):
+    """The header's ``params`` code for a step whose kernels run on ``m``: as it is on the host's
+    path (numpy, TensorFlow), where the orthonormalisation gives the same bits anywhere; on torch's
+    own ops, with the device's kind (GPU model, CUDA and torch versions; on the CPU torch's
+    version and threads) folded in, since each rank orthonormalises on its own device: ranks
+    that would get different bits (a mixed cluster) stop with an ExchangeError on every rank
+    instead of drifting apart."""
+    if not _batches(library(m)):
+        return params
+    torch = sys.modules["torch"]
+    threads = torch.get_num_threads() if m.device.type == "cpu" else 0
+    return identity_code(params, _device_kind(str(m.device), threads))
+
+
+@functools.lru_cache(maxsize=None)
+def _device_kind(device, threads):
+    """What decides a device's float32 bits: the GPU's model and CUDA version, torch's version,
+    and on the CPU the threads a reduction may be split over."""
+    torch = sys.modules["torch"]
+    model = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    return model, torch.version.cuda, torch.__version__, threads
 
 
 def _batches(lib):

@@ -327,3 +327,33 @@ def test_only_the_factors_cross_to_the_host(comm):
             assert traffic.bytes_out == 4 * (p + d + q)
             assert traffic.bytes_in == 4 * (first + p + d + q + q)
             assert traffic.largest == 4 * max(p + d, q) < 4 * LAYOUT.n
+
+
+def test_the_device_path_resumes_bit_exact(assert_identical_across_ranks):
+    """Torch's own ops orthonormalise on the device, from the Q sum a step uploads; a restored
+    pipeline uploads its warm-start Q's and orthonormalises them the same way: the same bits."""
+    grads = [torch.from_numpy(gradient(REPEATED, step, seed=3)) for step in range(5)]
+    with _make(REPEATED, 2, numpy_on_cpu=False) as pipe:
+        straight = [pipe.step(g, tag=REPEATED.tag).clone() for g in grads]
+    with _make(REPEATED, 2, numpy_on_cpu=False) as pipe:
+        for g in grads[:2]:
+            pipe.step(g, tag=REPEATED.tag)
+        saved = {k: (v.clone() if isinstance(v, torch.Tensor) else np.copy(v)) for k, v in pipe.state_dict().items()}
+    with _make(REPEATED, 2, numpy_on_cpu=False) as pipe:
+        pipe.load_state_dict(saved)
+        resumed = [pipe.step(g, tag=REPEATED.tag).clone() for g in grads[2:]]
+    assert all_ranks(all(torch.equal(a.view(torch.int32), b.view(torch.int32))
+                         for a, b in zip(straight[2:], resumed)))
+    assert_identical_across_ranks(resumed[-1].numpy())
+
+
+def test_ranks_that_would_orthonormalise_differently_are_refused_on_every_rank(comm):
+    """One rank on torch's own ops (the device path), the others on numpy's kernels: their
+    orthonormal bases would differ in the last bits, so the step is refused everywhere, the
+    state untouched, and the same ranks on one kind of kernels go on."""
+    grad = torch.from_numpy(gradient(REPEATED, 0))
+    with _make(REPEATED, 2, numpy_on_cpu=(RANK != 0)) as pipe:
+        _expect_error_everywhere(pipe, grad, REPEATED.tag, "devices are of different kinds")
+        assert pipe.step_count == 0
+        pipe.numpy_on_cpu = False
+        assert all_ranks(pipe.step(grad, tag=REPEATED.tag) is not None) and pipe.step_count == 1

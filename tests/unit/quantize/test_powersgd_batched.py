@@ -99,3 +99,24 @@ def test_chunks_cover_a_run_within_the_scratch():
     assert pieces == [(0, 3), (3, 3), (6, 3), (9, 1)]
     assert batched.scratch_elements([run], 350) == 300
     assert batched.chunks(run, 50) == [(i, 1) for i in range(10)]  # at least one matrix per launch
+
+
+def test_the_batched_gram_schmidt_agrees_with_the_float64_one():
+    """orthonormalize_batched (the device's, float32, a run at once) against orthonormalize
+    (the host's, float64), matrix by matrix: within float32 rounding on well-conditioned
+    matrices, also tiny and huge ones (the norms are scaled, so squares neither underflow nor
+    overflow); a zero column stays zero; a NaN propagates instead of being zeroed."""
+    from horovod_sparse.lowrank.orthogonal import orthonormalize, orthonormalize_batched
+    rng = np.random.default_rng(1)
+    batch = rng.standard_normal((6, 50, 3)).astype(np.float32)
+    batch[1] *= np.float32(1e-30)
+    batch[2] *= np.float32(1e30)
+    batch[3, :, 1] = 0
+    batch[4, 7, 2] = np.nan
+    got = orthonormalize_batched(torch, torch.from_numpy(batch.copy())).numpy()
+    for i in (0, 1, 2, 3, 5):
+        want, zero_columns = orthonormalize(batch[i])
+        assert np.abs(got[i] - want).max() <= 16 * EPS32, i
+        assert np.all(got[i] == 0, axis=0).sum() == zero_columns == (1 if i == 3 else 0)
+        assert np.abs(got[i].T @ got[i] - np.diag(np.any(got[i] != 0, axis=0))).max() <= 32 * EPS32
+    assert np.isnan(got[4][:, 2]).all() and np.isfinite(got[4][:, :2]).all()
