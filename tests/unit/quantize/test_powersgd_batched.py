@@ -101,7 +101,8 @@ def test_chunks_cover_a_run_within_the_scratch():
     assert batched.chunks(run, 50) == [(i, 1) for i in range(10)]  # at least one matrix per launch
 
 
-def test_the_batched_gram_schmidt_agrees_with_the_float64_one():
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_batched_gram_schmidt_agrees_with_the_float64_one(device):
     """orthonormalize_batched (the device's, float32, a run at once) against orthonormalize
     (the host's, float64), matrix by matrix: within float32 rounding on well-conditioned
     matrices, also tiny and huge ones (the norms are scaled, so squares neither underflow nor
@@ -113,7 +114,7 @@ def test_the_batched_gram_schmidt_agrees_with_the_float64_one():
     batch[2] *= np.float32(1e30)
     batch[3, :, 1] = 0
     batch[4, 7, 2] = np.nan
-    got = orthonormalize_batched(torch, torch.from_numpy(batch.copy())).numpy()
+    got = orthonormalize_batched(torch, torch.from_numpy(batch.copy()).to(device)).cpu().numpy()
     for i in (0, 1, 2, 3, 5):
         want, zero_columns = orthonormalize(batch[i])
         assert np.abs(got[i] - want).max() <= 16 * EPS32, i
