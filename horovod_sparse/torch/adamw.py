@@ -32,8 +32,8 @@ Pitfalls, and how this avoids each:
 
 - A frozen ``v`` must not advance its bias correction: ``1 - beta2 ** step`` with beta2 = 0.999
   shrinks the corrected ``v`` about 6x between steps 100 and 1000 if ``v`` stops at 100. Here
-  the correction of ``v`` uses its own count of updates (``state["exact_step"]``), ``m``'s the
-  step count, as torch's.
+  the correction of ``v`` is kept from its last update (``state["variance_step"]``), ``m``'s
+  uses the step count, as torch's.
 - Coordinates whose exact gradients are all zero have ``v`` = 0, while compressed steps (error
   feedback's delayed bursts) can give them a non-zero ``m``: ``m / (0 + eps)`` would throw them
   by ``lr / eps``. A coordinate with ``v`` = 0 takes no step until an exact step sees its
@@ -42,14 +42,24 @@ Pitfalls, and how this avoids each:
 - A too-early freeze: ``v`` is never frozen for good; it is refreshed at intervals at most
   ``max_interval`` apart for the whole run, after ``exact_warmup`` exact steps at the start.
 
-``v`` decays by beta2 per exact update (0/1 Adam's rule), so after the warm-up its memory spans
-more steps than under dense AdamW (about ``max_interval`` / (1 - beta2) at the widest
-intervals); whether decaying by beta2 per step covered instead does better is not measured.
+How ``v`` forgets (``variance_decay``):
+
+- ``"per_step"`` (the default): an exact step's gradient stands for every step since ``v`` last
+  took one, so ``v`` decays by beta2 ** (steps covered) and takes the rest of the weight from
+  the new gradient; its bias correction is ``1 - beta2 ** step`` at that exact step. ``v`` then
+  remembers as many steps as dense AdamW's, whatever the intervals.
+- ``"per_update"``: by beta2 per exact step (0/1 Adam's rule), corrected by the count of exact
+  steps; after the warm-up its memory spans up to ``max_interval`` times more steps than dense
+  AdamW's (about ``max_interval`` / (1 - beta2)).
+
+Under both, every step exact is dense AdamW. Which does better is measured in
+``docs/results/accuracy.md`` ("horovod_sparse.torch.AdamW at 1000 steps").
 
 A step skipped by ``torch.amp.GradScaler`` (inf or NaN in some rank's gradient) never reaches
 ``step()``, and the compressor does not count it either: no counter moves. ``state_dict()`` /
-``load_state_dict()`` are torch's: the moments, ``step`` and ``exact_step`` per parameter, the
-schedule's parameters and counter per group.
+``load_state_dict()`` are torch's: the moments, ``step``, ``exact_step`` and ``variance_step``
+(the step of ``v``'s last update) per parameter, the schedule's parameters and counter per
+group.
 """
 import horovod.torch as hvd
 import torch
@@ -57,6 +67,9 @@ import torch
 from horovod_sparse.checks import check_bool, check_unit_interval
 from horovod_sparse.exact_steps import DEFAULT_EXACT_WARMUP, DEFAULT_MAX_INTERVAL, ExactSteps
 
+#: how ``v`` decays at an exact step (module docstring): by beta2 per step since its last
+#: update, or by beta2 per update (0/1 Adam's rule)
+VARIANCE_DECAYS = ("per_step", "per_update")
 #: in-band compressors whose average is taken as exact (module docstring)
 EXACT_IN_BAND = ("none", "fp16")
 
@@ -64,13 +77,14 @@ EXACT_IN_BAND = ("none", "fp16")
 class AdamW(torch.optim.Optimizer):
     """``torch.optim.AdamW`` (same arguments and defaults) that updates its second moment on exact
     steps only. ``exact_warmup`` (integer >= 0) and ``max_interval`` (integer >= 1) set the
-    schedule (:class:`~horovod_sparse.exact_steps.ExactSteps`). ``amsgrad``, ``foreach``,
+    schedule (:class:`~horovod_sparse.exact_steps.ExactSteps`); ``variance_decay`` (one of
+    ``VARIANCE_DECAYS``) how ``v`` forgets between exact steps (module docstring). ``amsgrad``, ``foreach``,
     ``fused``, ``capturable`` and ``differentiable`` are refused (ValueError) unless left off:
     this runs torch's single-tensor update."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
-                 exact_warmup=DEFAULT_EXACT_WARMUP, max_interval=DEFAULT_MAX_INTERVAL):
+                 exact_warmup=DEFAULT_EXACT_WARMUP, max_interval=DEFAULT_MAX_INTERVAL, variance_decay="per_step"):
         for name, value in (("amsgrad", amsgrad), ("capturable", capturable), ("differentiable", differentiable),
                             ("foreach", foreach), ("fused", fused)):
             if value:
@@ -83,9 +97,11 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"AdamW: weight_decay must be a float >= 0, got {weight_decay!r}")
         betas = tuple(check_unit_interval(f"betas[{i}]", b) for i, b in enumerate(betas))
         ExactSteps(exact_warmup, max_interval)  # checks both
+        if variance_decay not in VARIANCE_DECAYS:
+            raise ValueError(f"AdamW: variance_decay must be one of {VARIANCE_DECAYS}, got {variance_decay!r}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        maximize=check_bool("maximize", maximize),
-                        exact_warmup=exact_warmup, max_interval=max_interval, exchanged_steps=0)
+                        maximize=check_bool("maximize", maximize), exact_warmup=exact_warmup,
+                        max_interval=max_interval, variance_decay=variance_decay, exchanged_steps=0)
         super().__init__(params, defaults)
 
     @property
@@ -141,6 +157,7 @@ class AdamW(torch.optim.Optimizer):
                 if not state:
                     state["step"] = torch.tensor(0.0)
                     state["exact_step"] = torch.tensor(0.0)
+                    state["variance_step"] = torch.tensor(0.0)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 _update(p, -p.grad if group["maximize"] else p.grad, state, group, exact)
@@ -156,14 +173,21 @@ def _update(param, grad, state, group, exact):
     if group["weight_decay"] != 0:
         param.mul_(1 - lr * group["weight_decay"])
     exp_avg.lerp_(grad, 1 - beta1)
+    per_step = group.get("variance_decay", "per_update") == "per_step"
+    if "variance_step" not in state:  # a state saved before variance_step was kept
+        state["variance_step"] = state["exact_step"].clone()
     if exact:
         state["exact_step"] += 1
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    updates = state["exact_step"].item()
-    if updates == 0:  # no exact gradient yet (v all 0): nothing to scale m by
+        # per step: the exact gradient stands for every step since v last took one (beta2 per
+        # step covered, as dense AdamW's memory); per update: beta2 per exact step (0/1 Adam's)
+        covered = (state["step"] - state["variance_step"]).item() if per_step else 1
+        decay = beta2 ** covered
+        exp_avg_sq.mul_(decay).addcmul_(grad, grad, value=1 - decay)
+        state["variance_step"] = state["step"].clone() if per_step else state["exact_step"].clone()
+    if state["exact_step"].item() == 0:  # no exact gradient yet (v all 0): nothing to scale m by
         return
     step_size = lr / (1 - beta1 ** state["step"].item())
-    denom = (exp_avg_sq.sqrt() / (1 - beta2 ** updates) ** 0.5).add_(eps)
+    denom = (exp_avg_sq.sqrt() / (1 - beta2 ** state["variance_step"].item()) ** 0.5).add_(eps)
     denom.masked_fill_(exp_avg_sq == 0, float("inf"))  # m / inf = 0: no step without a scale
     param.addcdiv_(exp_avg, denom, value=-step_size)
 

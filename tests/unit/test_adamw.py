@@ -40,18 +40,23 @@ def gradients(shape, steps=STEPS, seed=0):
     return grads
 
 
-def reference(p0, grads, exact, lr, betas, eps, weight_decay, correct_v_by_steps=False):
+def reference(p0, grads, exact, lr, betas, eps, weight_decay, decay="per_step", correct_v_by_steps=False):
     """AdamW with v and its bias correction on exact steps only, no step where v = 0: float64 numpy.
-    ``correct_v_by_steps``: the pitfall, v's correction by the step count."""
+    ``decay`` "per_step": v decays by beta2 per step since its last exact step, its correction by
+    the step of that exact step; "per_update": by beta2 per exact step, its correction by their
+    count. ``correct_v_by_steps`` (per update): the pitfall, v's correction by the step count."""
     (b1, b2), p = betas, p0.astype(np.float64)
-    m, v, updates = np.zeros_like(p), np.zeros_like(p), 0
+    m, v, updates, last = np.zeros_like(p), np.zeros_like(p), 0, 0
     for t, (g, is_exact) in enumerate(zip(grads, exact), start=1):
         p = p * (1 - lr * weight_decay)
         m = b1 * m + (1 - b1) * g
         if is_exact:
             updates += 1
-            v = b2 * v + (1 - b2) * g * g
-        v_hat = v / (1 - b2 ** (t if correct_v_by_steps else updates))
+            kept = b2 ** (t - last) if decay == "per_step" else b2
+            v = kept * v + (1 - kept) * g * g
+            last = t
+        age = last if decay == "per_step" else t if correct_v_by_steps else updates
+        v_hat = v / (1 - b2 ** age)
         ratio = np.divide(m / (1 - b1 ** t), np.sqrt(v_hat) + eps, out=np.zeros_like(m), where=v > 0)
         p = p - lr * ratio
     return p
@@ -106,25 +111,37 @@ def test_with_every_step_exact_it_is_torchs_adamw_bit_for_bit(maximize):
     assert opt_ours.state[ours[0]]["exact_step"].item() == STEPS
 
 
-def test_exact_and_compressed_steps_against_the_reference():
+BETAS = (0.9, 0.9)
+
+
+@pytest.mark.parametrize("decay", ["per_step", "per_update"])
+def test_exact_and_compressed_steps_against_the_reference(decay):
     """The known pattern (SCHEDULE) on recorded gradients: float32 against float64, to float32
     rounding (max relative error measured 7.8e-7, a few ulps); the coordinate no exact step saw does not
-    move but by weight decay, the all-zero one does not either."""
+    move but by weight decay, the all-zero one does not either. beta2 = 0.9 (not 0.999), so that
+    24 steps tell the two decays of v apart."""
     grads = gradients((40,))
     exact = [SCHEDULE.is_exact(step) for step in range(STEPS)]
     p = torch.randn(40, generator=torch.Generator().manual_seed(1)).requires_grad_()
     p0 = p.detach().numpy().copy()
-    opt = hvds.AdamW([p], lr=1e-2, exact_warmup=3, max_interval=4)
+    opt = hvds.AdamW([p], lr=1e-2, betas=BETAS, exact_warmup=3, max_interval=4, variance_decay=decay)
     opt._compression = RecordedReports(exact)   # where hvd.DistributedOptimizer keeps its compressor
     run(opt, [p], grads, opt._compression)
-    expected = reference(p0, [g.numpy() for g in grads], exact, 1e-2, (0.9, 0.999), 1e-8, 1e-2)
+    expected = reference(p0, [g.numpy() for g in grads], exact, 1e-2, BETAS, 1e-8, 1e-2, decay)
     np.testing.assert_allclose(p.detach().numpy(), expected, rtol=2e-6, atol=1e-7)
-    decay = (1 - 1e-2 * 1e-2) ** STEPS
-    np.testing.assert_allclose(p.detach().numpy()[:2], p0[:2] * decay, rtol=1e-6)
+    shrink = (1 - 1e-2 * 1e-2) ** STEPS  # weight decay's alone
+    np.testing.assert_allclose(p.detach().numpy()[:2], p0[:2] * shrink, rtol=1e-6)
     assert opt.state[p]["exact_step"].item() == sum(exact) == 10 and opt.state[p]["step"].item() == STEPS
     assert opt.param_groups[0]["exchanged_steps"] == STEPS
-    pitfall = reference(p0, [g.numpy() for g in grads], exact, 1e-2, (0.9, 0.999), 1e-8, 1e-2, correct_v_by_steps=True)
-    assert not np.allclose(p.detach().numpy(), pitfall, rtol=1e-4, atol=0)   # the test tells them apart
+    # the test tells them apart: the other decay; per update, the pitfall (per step, v's correction
+    # by the steps is the rule, and the pitfall its near twin)
+    wrong = [reference(p0, [g.numpy() for g in grads], exact, 1e-2, BETAS, 1e-8, 1e-2,
+                       "per_update" if decay == "per_step" else "per_step")]
+    if decay == "per_update":
+        wrong.append(reference(p0, [g.numpy() for g in grads], exact, 1e-2, BETAS, 1e-8, 1e-2, decay,
+                               correct_v_by_steps=True))
+    for other in wrong:
+        assert not np.allclose(p.detach().numpy(), other, rtol=1e-4, atol=0)
 
 
 def test_a_state_dict_round_trip_across_an_exact_step_is_bit_exact():
@@ -149,7 +166,7 @@ def test_a_state_dict_round_trip_across_an_exact_step_is_bit_exact():
         resumed._compression.exchange(step)
         resumed.step()
     assert torch.equal(p, q)
-    for key in ("exp_avg", "exp_avg_sq", "step", "exact_step"):
+    for key in ("exp_avg", "exp_avg_sq", "step", "exact_step", "variance_step"):
         assert torch.equal(opt.state[p][key], resumed.state[q][key])
 
 
@@ -195,7 +212,8 @@ def test_in_band_compressors_exact_or_refused(compression, accepted):
                                           (dict(weight_decay=-0.1), "weight_decay"),
                                           (dict(betas=(0.9, 1.0)), r"betas\[1\]"),
                                           (dict(max_interval=0), "max_interval"),
-                                          (dict(exact_warmup=-1), "exact_warmup")])
+                                          (dict(exact_warmup=-1), "exact_warmup"),
+                                          (dict(variance_decay="per_epoch"), "variance_decay")])
 def test_bad_arguments_fail_at_construction(kwargs, name):
     with pytest.raises(ValueError, match=name):
         hvds.AdamW([torch.ones(2, requires_grad=True)], **kwargs)
