@@ -170,6 +170,34 @@ def test_a_state_dict_round_trip_across_an_exact_step_is_bit_exact():
         assert torch.equal(opt.state[p][key], resumed.state[q][key])
 
 
+def test_a_checkpoint_saved_before_variance_decay_resumes_as_it_ran():
+    """A state_dict without ``variance_decay`` (per group) and ``variance_step`` (per parameter),
+    as saved before they were kept, resumes under the rule it ran with (per update), bit for bit."""
+    grads = gradients((12,))
+    exact = [SCHEDULE.is_exact(step) for step in range(STEPS)]
+    p = torch.ones(12, requires_grad=True)
+    opt = hvds.AdamW([p], betas=BETAS, exact_warmup=3, max_interval=4, variance_decay="per_update")
+    opt._compression = RecordedReports(exact)
+    run(opt, [p], grads[:9], opt._compression)
+    saved, saved_p = copy.deepcopy(opt.state_dict()), p.detach().clone()
+    del saved["param_groups"][0]["variance_decay"]
+    for state in saved["state"].values():
+        del state["variance_step"]
+    for step in range(9, STEPS):
+        p.grad = grads[step].clone()
+        opt._compression.exchange(step)
+        opt.step()
+    q = saved_p.clone().requires_grad_()
+    resumed = hvds.AdamW([q], betas=BETAS, exact_warmup=3, max_interval=4)   # today's default: per step
+    resumed.load_state_dict(saved)
+    resumed._compression = RecordedReports(exact)
+    for step in range(9, STEPS):
+        q.grad = grads[step].clone()
+        resumed._compression.exchange(step)
+        resumed.step()
+    assert torch.equal(p, q)
+
+
 def test_a_report_out_of_step_or_against_the_schedule_fails():
     p = torch.ones(3, requires_grad=True)
     p.grad = torch.ones(3)
