@@ -40,11 +40,12 @@ def flat_parameters(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
 
 
-def train(recipe_name, compression):
-    """Validation loss after STEPS steps of the recipe; the model."""
+def train(recipe_name, compression, make_optimizer=None):
+    """Validation loss after STEPS steps of the recipe (its optimizer, or ``make_optimizer``'s
+    over the parameters); the model."""
     recipe = recipes.recipe_for(stdlib_lm, recipe_name)
     model = stdlib_lm.build_model(seed=0, **SIZE)
-    opt = recipe.optimizer(model.parameters())
+    opt = (make_optimizer or recipe.optimizer)(model.parameters())
     schedule = recipe.schedule(opt, STEPS)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
     batches = stdlib_lm.batches(hvd.rank(), hvd.size(), BATCH)
@@ -79,22 +80,10 @@ EXACT_ADAMW = dict(exact_warmup=10, max_interval=8)
 ADAMW_CODEC_MARGIN = 0.045
 
 
-def train_adamw(compression, exact_step_optimizer):
-    """train("adamw", ...) with horovod_sparse.torch.AdamW in place of torch's where asked."""
+def exact_step_adamw(params):
+    """horovod_sparse.torch.AdamW at the adamw recipe's rates and EXACT_ADAMW's schedule."""
     recipe = recipes.recipe_for(stdlib_lm, "adamw")
-    model = stdlib_lm.build_model(seed=0, **SIZE)
-    opt = (hvds.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay, **EXACT_ADAMW)
-           if exact_step_optimizer else recipe.optimizer(model.parameters()))
-    schedule = recipe.schedule(opt, STEPS)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
-    batches = stdlib_lm.batches(hvd.rank(), hvd.size(), BATCH)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        stdlib_lm.loss(model, next(batches)).backward()
-        opt.step()
-        schedule.step()
-    getattr(compression, "close", lambda: None)()
-    return stdlib_lm.evaluate(model, count=32)["loss"], model
+    return hvds.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, **EXACT_ADAMW)
 
 
 @pytest.mark.timeout(300)
@@ -102,12 +91,13 @@ def test_int4_and_onebit_under_the_exact_step_adamw_end_near_dense(assert_identi
     """int4 under torch's AdamW, and onebit under horovod_sparse.torch.AdamW, end within
     ADAMW_CODEC_MARGIN of dense AdamW; onebit under torch's AdamW (the failure the optimizer is
     for) ends further off than under ours."""
-    dense, _ = train_adamw(hvd.Compression.none, exact_step_optimizer=False)
-    runs = {"int4": (hvds.Compression.int4(), False), "onebit, exact-step AdamW": (hvds.Compression.onebit(), True),
-            "onebit, torch's AdamW": (hvds.Compression.onebit(), False)}
+    dense, _ = train("adamw", hvd.Compression.none)
+    runs = {"int4": (hvds.Compression.int4(), None),
+            "onebit, exact-step AdamW": (hvds.Compression.onebit(), exact_step_adamw),
+            "onebit, torch's AdamW": (hvds.Compression.onebit(), None)}
     gaps = {}
-    for name, (compression, exact_step_optimizer) in runs.items():
-        loss, model = train_adamw(compression, exact_step_optimizer)
+    for name, (compression, make_optimizer) in runs.items():
+        loss, model = train("adamw", compression, make_optimizer)
         assert_identical_across_ranks(flat_parameters(model))
         gaps[name] = loss - dense
     record_property("gaps", f"dense {dense:.4f}; " + ", ".join(f"{k} {v:+.4f}" for k, v in gaps.items()))
