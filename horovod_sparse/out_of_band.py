@@ -50,7 +50,7 @@ def refuse_what_the_transport_cannot_carry(comm, algorithms, schedule="after_bac
     :mod:`horovod_sparse.torch.elastic` carries it across resizes; :data:`ELASTIC_MESSAGE`).
     Local, and the same on every rank: all raise, before any exchange.
 
-    Example: ``refuse_what_the_transport_cannot_carry(comm, [horovod_sparse.create("gtopk")])``
+    Example: ``refuse_what_the_transport_cannot_carry(comm, [horovod_sparse.create("oktopk")])``
     raises under ``horovodrun --gloo``.
     """
     if getattr(comm, "point_to_point", True):
@@ -65,7 +65,7 @@ def refuse_what_the_transport_cannot_carry(comm, algorithms, schedule="after_bac
                 f"{algorithm.name}: its exchange sends point-to-point messages, which Horovod's collectives "
                 f"(the transport here: {comm.reason}) cannot carry. Launch through MPI (horovodrun without "
                 "--gloo, or mpirun), or choose a compressor that exchanges by collectives "
-                "(topk, gaussiank, dgc and fft with exchange='allgather', the quantizers, powersgd)")
+                "(gtopk; topk, gaussiank, dgc and fft with exchange='allgather'; the quantizers, powersgd)")
     if schedule != "after_backward":
         raise ValueError(
             f"{', '.join(a.name for a in algorithms)}: schedule={schedule!r} exchanges on helper threads, which "

@@ -33,7 +33,7 @@ around it): ranks 0 and 1 bounce one int64 ``--repeats`` x 500 times; the record
 ``--transport horovod`` runs the exchanges over Horovod's own collectives instead of mpi4py
 (:class:`horovod_sparse.horovod_collectives.HorovodCollectives`, as under ``horovodrun --gloo``;
 Horovod initialised by ``horovod.torch``): only the algorithms without point-to-point messages,
-``dense`` and ``allgather``. ``--latency`` times one 8-byte Allreduce over the chosen transport
+``dense``, ``allgather`` and ``gtopk`` (its tree folded on every rank from one allgather). ``--latency`` times one 8-byte Allreduce over the chosen transport
 instead (the fixed cost of a collective; Horovod's includes its negotiation cycle): the record
 (``"kind": "latency"``) holds the median seconds per Allreduce. Both transports side by side:
 
@@ -79,7 +79,7 @@ if _REPO not in sys.path:
 
 DEFAULT_ALGORITHMS = ("dense", "allgather", "oktopk", "gtopk", "dsa")
 #: what Horovod's collectives carry (no point-to-point messages)
-HOROVOD_ALGORITHMS = ("dense", "allgather")
+HOROVOD_ALGORITHMS = ("dense", "allgather", "gtopk")
 RATE_ENV = "HSP_NETEM_RATE"   # set by scripts/netem.py
 
 

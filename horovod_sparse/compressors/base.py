@@ -49,7 +49,7 @@ class Compressor:
 
 
 #: the sparse allreduces that send point-to-point messages (:mod:`horovod_sparse.exchange`)
-POINT_TO_POINT_EXCHANGES = ("oktopk", "gtopk", "dsa")
+POINT_TO_POINT_EXCHANGES = ("oktopk", "dsa")
 
 
 class OutOfBandCompressor(Compressor):
@@ -75,8 +75,9 @@ class OutOfBandCompressor(Compressor):
 
     @property
     def point_to_point(self):
-        """Whether its exchange sends point-to-point messages (Ok-Topk's, gTop-k's and TopkDSA's
-        sparse allreduces), which only an MPI launch carries (:mod:`horovod_sparse.horovod_collectives`)."""
+        """Whether its exchange sends point-to-point messages (Ok-Topk's and TopkDSA's sparse
+        allreduces), which only an MPI launch carries (:mod:`horovod_sparse.horovod_collectives`;
+        gTop-k's tree runs there from one allgather instead)."""
         return getattr(self, "exchange", self.name) in POINT_TO_POINT_EXCHANGES
 
     def dense_steps(self, size):

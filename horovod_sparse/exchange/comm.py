@@ -116,6 +116,12 @@ class CountingComm(ClosesOnExit):
         """Cumulative traffic since construction (a snapshot)."""
         return Traffic(*self._counters)
 
+    @property
+    def point_to_point(self) -> bool:
+        """Whether the communicator carries point-to-point messages (not Horovod's collectives:
+        :mod:`horovod_sparse.horovod_collectives`)."""
+        return getattr(self._comm, "point_to_point", True)
+
     # ---------------------------------------------------------- point-to-point
     def isend(self, buf, dest, tag, control=False):
         """Non-blocking send of a contiguous numpy array; returns the MPI request."""

@@ -35,6 +35,24 @@ def reduce_to_root(comm, payload, send, receive, combine):
     return payload
 
 
+def fold_like_the_tree(payloads, combine):
+    """What :func:`reduce_to_root` leaves at rank 0, computed on one rank from every rank's
+    ``payloads`` (a list in rank order): the same ``combine(mine, theirs)`` calls in the same
+    order, so the same bits. For a transport without point-to-point messages, where every
+    rank gathers the payloads and folds them alike."""
+    payloads = list(payloads)
+    size = len(payloads)
+    power = 1 << (size.bit_length() - 1)
+    for rank in range(power, size):           # the extra ranks fold in first
+        payloads[rank - power] = combine(payloads[rank - power], payloads[rank])
+    distance = 1
+    while distance < power:                   # then the binomial tree over 0..power-1
+        for rank in range(0, power, 2 * distance):
+            payloads[rank] = combine(payloads[rank], payloads[rank + distance])
+        distance *= 2
+    return payloads[0]
+
+
 def broadcast_from_root(comm, array, length, dtype, tag, control=False):
     """Binomial broadcast of a 1-D array of known ``length`` from rank 0; returns it."""
     size, rank = comm.size, comm.rank

@@ -11,8 +11,8 @@ from scripts_under_test import SCRIPTS, load_script
 bench_exchange = load_script("bench_exchange")
 
 
-def test_the_horovod_transport_runs_dense_and_allgather_by_default_and_refuses_the_rest(capsys):
-    assert bench_exchange.parse_args(["--transport", "horovod"]).algorithms == ["dense", "allgather"]
+def test_the_horovod_transport_runs_its_algorithms_by_default_and_refuses_the_rest(capsys):
+    assert bench_exchange.parse_args(["--transport", "horovod"]).algorithms == ["dense", "allgather", "gtopk"]
     assert bench_exchange.parse_args([]).algorithms == list(bench_exchange.DEFAULT_ALGORITHMS)
     for argv, words in ((["--algorithms", "dense,oktopk,dsa"], "not oktopk, dsa"), (["--pingpong"], "use --latency")):
         with pytest.raises(SystemExit):
@@ -29,7 +29,7 @@ import bench_exchange
 args = ["--n", "20000", "--repeats", "2", "--warmup", "1", "--no-table", "--out", {str(out)!r}]
 rc = 0
 for transport in ("mpi", "horovod"):
-    rc = rc or bench_exchange.main(["--transport", transport, "--algorithms", "dense,allgather", "--check", *args])
+    rc = rc or bench_exchange.main(["--transport", transport, "--algorithms", "dense,allgather,gtopk", "--check", *args])
     rc = rc or bench_exchange.main(["--transport", transport, "--latency", *args])
 sys.exit(rc)
 """)
@@ -37,7 +37,7 @@ sys.exit(rc)
     assert status == 0, output
     records = [json.loads(line) for line in out.read_text().splitlines()]
     exchanges = [(r["transport"], r["algorithm"]) for r in records if r.get("kind") != "latency"]
-    assert exchanges == [("mpi", "dense"), ("mpi", "allgather"), ("horovod", "dense"), ("horovod", "allgather")]
+    assert exchanges == [(t, a) for t in ("mpi", "horovod") for a in ("dense", "allgather", "gtopk")]
     for r in records:
         if r.get("kind") != "latency":  # the sum equals a dense mpi4py reference sum
             assert r["check_max_abs_err"] <= 1e-6 and r["P"] == 2, r

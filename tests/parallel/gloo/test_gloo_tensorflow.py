@@ -23,7 +23,7 @@ import tensorflow as tf  # noqa: E402
 import horovod_sparse.tensorflow as hvds  # noqa: E402
 
 STEPS = 6
-TRAINED = ["dense", "topk:density=0.05", "qsgd", "int4", "auto"]
+TRAINED = ["dense", "topk:density=0.05", "gtopk:density=0.05", "qsgd", "int4", "auto"]
 
 
 def make_model():
@@ -117,7 +117,7 @@ POINT_TO_POINT = (r"topk: its exchange sends point-to-point messages, which Horo
 @pytest.mark.world_sizes(2)  # a refusal: the same at any size
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("spec, params, refusal", [
-    ("gtopk:density=0.05", {}, POINT_TO_POINT),
+    ("topk:density=0.05", {"exchange": "dsa"}, POINT_TO_POINT),
     ("auto", {"candidates": ["fp16", "oktopk:density=0.05"]}, POINT_TO_POINT),
     ("topk:density=0.05", {"schedule": "mgwfbp"}, r"schedule='mgwfbp' exchanges on helper threads")])
 def test_what_the_transport_cannot_carry_is_refused_on_every_rank(spec, params, refusal):

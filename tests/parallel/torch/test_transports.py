@@ -3,7 +3,8 @@
 ``horovodrun --gloo`` launch uses; :mod:`horovod_sparse.horovod_collectives`). The same steps
 through the stock ``hvd.DistributedOptimizer`` give bitwise the same parameters under both,
 for every compressor whose exchange is collective, at P = 2 and 3: the transport moves the same
-buffers and reduces them in the same order. At P = 3 Horovod's process sets (ranks 0 and 1, rank 2)
+buffers and reduces them in the same order (gTop-k: its tree folded on every rank from one
+allgather, in the tree's order). At P = 3 Horovod's process sets (ranks 0 and 1, rank 2)
 exchange within themselves over either. Under Horovod's collectives the compressors that need
 point-to-point messages are refused at the first step on every rank.
 """
@@ -23,7 +24,7 @@ from random_regression import fit_random_regression
 pytestmark = pytest.mark.world_sizes(2, 3)
 
 STEPS = 5
-SPECS = ["dense", "topk:density=0.05", "gaussiank:density=0.05", "dgc:density=0.05", "threshold",
+SPECS = ["dense", "topk:density=0.05", "gtopk:density=0.05", "gaussiank:density=0.05", "dgc:density=0.05", "threshold",
          "randomk:density=0.05", "qsgd", "int4", "terngrad", "onebit", "signsgd", "signum", "efsignsgd", "bf16",
          "powersgd:rank=2", "fft"]
 
@@ -94,7 +95,7 @@ def test_process_sets_over_both_transports(spec, transport, process_sets):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("spec", ["gtopk:density=0.05", "oktopk:density=0.05"])
+@pytest.mark.parametrize("spec", ["oktopk:density=0.05", "topk:density=0.05,exchange=dsa"])
 def test_point_to_point_exchanges_are_refused_over_horovods_collectives(spec, transport):
     transport("horovod")
     with pytest.raises(ValueError, match=rf"^{spec.split(':')[0]}: its exchange sends point-to-point messages, "
