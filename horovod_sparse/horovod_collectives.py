@@ -17,9 +17,12 @@ differ only there (:class:`_TorchCollectives`, :class:`_TensorFlowCollectives`).
 - Buffers only, never pickled objects. Every buffer moves as its bytes (``uint8``), so any
   dtype travels, structured ones included; ``Allreduce`` reduces float16/32/64 and
   int32/64 natively and other integer types through int64.
-- No point-to-point messages: Horovod has none. ``Isend``, ``Irecv``, ``Send`` and ``Recv``
-  raise; compressors whose exchange needs them are refused before their first step
-  (:func:`horovod_sparse.out_of_band.refuse_what_the_transport_cannot_carry`).
+- No point-to-point messages: Horovod has none. ``Isend`` and ``Irecv`` are posted, and every
+  message posted since the last delivery moves in one ``alltoall`` at :meth:`Deliver_posted`
+  (what :meth:`horovod_sparse.exchange.comm.CountingComm.waitall` calls here), which every rank
+  calls at the same points of its exchange, as Ok-Topk's and TopkDSA's do: a rank's messages to
+  one peer arrive in the order posted, into the receives that peer posted in the same order.
+  Blocking ``Send`` and ``Recv`` raise (gTop-k's tree runs from one allgather instead).
 - One thread at a time: the call counter is the order of calls.
 
 Example::
@@ -48,7 +51,7 @@ class HorovodCollectives:
         prefix: the root of the operations' names (the same on every rank).
     """
 
-    #: no Isend/Irecv/Send/Recv (the compressors that need them check this)
+    #: Isend/Irecv only posted, delivered together by Deliver_posted (module docstring)
     point_to_point = False
     transport = TRANSPORT
 
@@ -63,6 +66,8 @@ class HorovodCollectives:
         self._prefix = f"horovod_sparse.{self._set.process_set_id}" if prefix is None else prefix
         self._calls = self._dups = 0
         self._freed = False
+        # messages posted since the last Deliver_posted: (peer, array), in the order posted
+        self._posted_sends, self._posted_receives = [], []
 
     def __repr__(self):
         return f"HorovodCollectives(rank {self.rank} of {self.size}, {self._prefix!r})"
@@ -145,10 +150,38 @@ class HorovodCollectives:
             data, splits = np.empty(0, np.uint8), [0] * self.size
         _write(recvbuf, self._alltoall(data, splits))
 
-    def Isend(self, *args, **kwargs):
+    def Isend(self, buf, dest, tag=0):
+        """Posted: it moves at the next :meth:`Deliver_posted` (``buf`` unchanged until then, as
+        MPI asks of a pending send). Returns no request."""
+        self._posted_sends.append((int(dest), np.asarray(buf)))
+
+    def Irecv(self, buf, source, tag=0):
+        """Posted: ``buf`` is filled at the next :meth:`Deliver_posted`. Returns no request."""
+        self._posted_receives.append((int(source), buf))
+
+    def Deliver_posted(self):
+        """Every message posted since the last call, in one ``alltoall`` (collective: every rank
+        calls it at the same points, with or without messages of its own)."""
+        sends, receives = self._posted_sends, self._posted_receives
+        self._posted_sends, self._posted_receives = [], []
+        by_peer = [[_bytes_of(data) for peer, data in sends if peer == p] for p in range(self.size)]
+        splits = [sum(piece.size for piece in pieces) for pieces in by_peer]
+        pieces = [piece for pieces in by_peer for piece in pieces]
+        received = self._alltoall(np.concatenate(pieces) if pieces else np.empty(0, np.uint8), splits)
+        expected = [sum(np.asarray(buf).nbytes for peer, buf in receives if peer == p) for p in range(self.size)]
+        if received.size != sum(expected):
+            raise RuntimeError(f"HorovodCollectives: {received.size} bytes of posted messages arrived, the posted "
+                               f"receives expect {sum(expected)}: the ranks posted messages that do not match")
+        start = np.concatenate(([0], np.cumsum(expected)))[:-1].tolist()  # each source's bytes, in rank order
+        for source, buf in receives:
+            size = np.asarray(buf).nbytes
+            _write(buf, received[start[source]:start[source] + size])
+            start[source] += size
+
+    def Send(self, *args, **kwargs):
         raise NotImplementedError(_NO_POINT_TO_POINT)
 
-    Irecv = Send = Recv = Isend
+    Recv = Send
 
     # ------------------------------------------------------------------- Horovod
     def _name(self):
@@ -241,8 +274,8 @@ class _TensorFlowCollectives:
 #: the frontend module's name -> its collectives on numpy arrays
 _FRAMEWORKS = {"horovod.torch": _TorchCollectives, "horovod.tensorflow": _TensorFlowCollectives}
 
-_NO_POINT_TO_POINT = ("Horovod's collectives carry no point-to-point messages (Isend/Irecv/Send/Recv): this "
-                      "exchange needs a launch through MPI (horovodrun without --gloo, or mpirun)")
+_NO_POINT_TO_POINT = ("Horovod's collectives carry no blocking point-to-point messages (Send/Recv), only "
+                      "posted ones (Isend/Irecv, delivered together by Deliver_posted)")
 
 
 def _spec(spec):

@@ -43,14 +43,13 @@ def ring_bytes(payload_bytes, world_size):
 def refuse_what_the_transport_cannot_carry(comm, algorithms, schedule="after_backward", in_elastic_state=False):
     """Over Horovod's collectives (``comm`` without point-to-point messages: a Gloo or elastic
     launch, or ``HOROVOD_SPARSE_TRANSPORT=horovod``) raise ValueError, naming the compressor, for
-    an exchange among ``algorithms`` that sends point-to-point messages, or a planned
-    ``schedule`` (its channel threads would issue Horovod operations in an order that differs
-    between ranks); under elastic Horovod, HorovodWorldError for any of them that keeps state,
+    a planned ``schedule`` (its channel threads would issue Horovod operations in an order that
+    differs between ranks); under elastic Horovod, HorovodWorldError for any of them that keeps state,
     unless the compressor is in the job's elastic state (``in_elastic_state``:
     :mod:`horovod_sparse.torch.elastic` carries it across resizes; :data:`ELASTIC_MESSAGE`).
     Local, and the same on every rank: all raise, before any exchange.
 
-    Example: ``refuse_what_the_transport_cannot_carry(comm, [horovod_sparse.create("oktopk")])``
+    Example: ``refuse_what_the_transport_cannot_carry(comm, [horovod_sparse.create("topk")], "mgwfbp")``
     raises under ``horovodrun --gloo``.
     """
     if getattr(comm, "point_to_point", True):
@@ -59,13 +58,6 @@ def refuse_what_the_transport_cannot_carry(comm, algorithms, schedule="after_bac
     if stateful and not in_elastic_state and os.environ.get("HOROVOD_ELASTIC") == "1":  # set for elastic workers only
         from horovod_sparse.errors import HorovodWorldError
         raise HorovodWorldError(f"{', '.join(stateful)}: {ELASTIC_MESSAGE}")
-    for algorithm in algorithms:
-        if getattr(algorithm, "point_to_point", False):
-            raise ValueError(
-                f"{algorithm.name}: its exchange sends point-to-point messages, which Horovod's collectives "
-                f"(the transport here: {comm.reason}) cannot carry. Launch through MPI (horovodrun without "
-                "--gloo, or mpirun), or choose a compressor that exchanges by collectives "
-                "(gtopk; topk, gaussiank, dgc and fft with exchange='allgather'; the quantizers, powersgd)")
     if schedule != "after_backward":
         raise ValueError(
             f"{', '.join(a.name for a in algorithms)}: schedule={schedule!r} exchanges on helper threads, which "
@@ -113,9 +105,8 @@ class OutOfBandCompressorBase:
     def use_communicator(self, comm):
         """Exchange on ``comm`` from now on; its size is read here, once. Over Horovod's
         collectives (a communicator without point-to-point messages: a Gloo or elastic launch)
-        refuses, on every rank alike, what they cannot carry: an exchange that needs
-        point-to-point messages, and a planned schedule (its channel threads would issue
-        Horovod operations in an order that differs between ranks)."""
+        refuses, on every rank alike, what they cannot carry: a planned schedule (its channel
+        threads would issue Horovod operations in an order that differs between ranks)."""
         refuse_what_the_transport_cannot_carry(comm, [self.algorithm], getattr(self, "schedule", "after_backward"),
                                                in_elastic_state=self.elastic_handler is not None)
         self._comm, self._world_size = comm, comm.Get_size()

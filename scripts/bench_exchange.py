@@ -32,8 +32,9 @@ around it): ranks 0 and 1 bounce one int64 ``--repeats`` x 500 times; the record
 
 ``--transport horovod`` runs the exchanges over Horovod's own collectives instead of mpi4py
 (:class:`horovod_sparse.horovod_collectives.HorovodCollectives`, as under ``horovodrun --gloo``;
-Horovod initialised by ``horovod.torch``): only the algorithms without point-to-point messages,
-``dense``, ``allgather`` and ``gtopk`` (its tree folded on every rank from one allgather). ``--latency`` times one 8-byte Allreduce over the chosen transport
+Horovod initialised by ``horovod.torch``): every algorithm, Ok-Topk's and TopkDSA's posted
+messages delivered by one alltoall per round, gTop-k's tree folded on every rank from one
+allgather. ``--latency`` times one 8-byte Allreduce over the chosen transport
 instead (the fixed cost of a collective; Horovod's includes its negotiation cycle): the record
 (``"kind": "latency"``) holds the median seconds per Allreduce. Both transports side by side:
 
@@ -78,8 +79,6 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 DEFAULT_ALGORITHMS = ("dense", "allgather", "oktopk", "gtopk", "dsa")
-#: what Horovod's collectives carry (no point-to-point messages)
-HOROVOD_ALGORITHMS = ("dense", "allgather", "gtopk")
 RATE_ENV = "HSP_NETEM_RATE"   # set by scripts/netem.py
 
 
@@ -159,8 +158,7 @@ def parse_args(argv=None):
     p.add_argument("--n", type=int, default=25_000_000, help="gradient length (float32 elements)")
     p.add_argument("--density", type=float, default=0.01, help="k = density * n per rank")
     p.add_argument("--algorithms", default=None,
-                   help=f"comma-separated list (default: {','.join(DEFAULT_ALGORITHMS)}; "
-                        f"with --transport horovod {','.join(HOROVOD_ALGORITHMS)})")
+                   help=f"comma-separated list (default: {','.join(DEFAULT_ALGORITHMS)})")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per algorithm")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first")
     p.add_argument("--seed", type=int, default=1234)
@@ -178,7 +176,7 @@ def parse_args(argv=None):
     p.add_argument("--step", type=int, default=None,
                    help="which recorded step of --selections (default: the first)")
     p.add_argument("--transport", choices=("mpi", "horovod"), default="mpi",
-                   help="mpi4py (default) or Horovod's collectives (dense and allgather only)")
+                   help="mpi4py (default) or Horovod's collectives")
     p.add_argument("--latency", action="store_true",
                    help="time one 8-byte Allreduce over --transport instead (a collective's fixed cost)")
     p.add_argument("--pingpong", action="store_true",
@@ -194,15 +192,10 @@ def parse_args(argv=None):
     if a.n < 1 or not (0 < a.density <= 1) or a.repeats < 1 or a.warmup < 0:
         p.error("need n >= 1, 0 < density <= 1, repeats >= 1, warmup >= 0")
     if a.algorithms is None:
-        a.algorithms = ",".join(HOROVOD_ALGORITHMS if a.transport == "horovod" else DEFAULT_ALGORITHMS)
+        a.algorithms = ",".join(DEFAULT_ALGORITHMS)
     a.algorithms = [s.strip() for s in a.algorithms.split(",") if s.strip()]
-    if a.transport == "horovod":
-        if a.pingpong:
-            p.error("--pingpong sends point-to-point messages, which Horovod's collectives do not carry: use --latency")
-        carried = [x for x in a.algorithms if x not in HOROVOD_ALGORITHMS]
-        if carried:
-            p.error(f"--transport horovod carries {', '.join(HOROVOD_ALGORITHMS)} only (no point-to-point "
-                    f"messages), not {', '.join(carried)}")
+    if a.transport == "horovod" and a.pingpong:
+        p.error("--pingpong sends point-to-point messages, which Horovod's collectives do not carry: use --latency")
     return a
 
 

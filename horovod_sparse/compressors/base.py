@@ -48,10 +48,6 @@ class Compressor:
         return self.name + ":" + ",".join(f"{k}={v}" for k, v in self.params.items())
 
 
-#: the sparse allreduces that send point-to-point messages (:mod:`horovod_sparse.exchange`)
-POINT_TO_POINT_EXCHANGES = ("oktopk", "dsa")
-
-
 class OutOfBandCompressor(Compressor):
     """A compressor whose exchange Horovod's dense allreduce cannot carry (sparsifiers,
     quantizers with bit-packed codes, PowerSGD, FFT).
@@ -72,13 +68,6 @@ class OutOfBandCompressor(Compressor):
     #: it uses has a TensorFlow spelling): the TensorFlow frontend then runs it there on a GPU
     #: (or with ``on_device=True``) and only its payload crosses to numpy
     tensorflow_ops = False
-
-    @property
-    def point_to_point(self):
-        """Whether its exchange sends point-to-point messages (Ok-Topk's and TopkDSA's sparse
-        allreduces), which only an MPI launch carries (:mod:`horovod_sparse.horovod_collectives`;
-        gTop-k's tree runs there from one allgather instead)."""
-        return getattr(self, "exchange", self.name) in POINT_TO_POINT_EXCHANGES
 
     def dense_steps(self, size):
         """How many first steps every pipeline of this compressor sends whole, summing the

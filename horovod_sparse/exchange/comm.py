@@ -141,9 +141,12 @@ class CountingComm(ClosesOnExit):
         self._count(received=buf.nbytes, messages_received=1, control=control)
         self._comm.Recv(_mpi_buffer(buf), source=source, tag=tag)
 
-    @staticmethod
-    def waitall(requests):
-        if requests:
+    def waitall(self, requests):
+        """Wait for ``requests``; over Horovod's collectives, deliver every message posted since
+        the last call (one alltoall: every rank calls this at the same points of an exchange)."""
+        if not self.point_to_point:
+            self._comm.Deliver_posted()
+        elif requests:
             MPI.Request.Waitall(requests)
 
     # ------------------------------------------------------------- collectives

@@ -173,6 +173,7 @@ print("losses", hvd.rank(), state.loss, plain_loss, flush=True)
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
 @pytest.mark.parametrize("spec, how", [("topk:density=0.05", "removed"), ("gtopk:density=0.05", "removed"),
+                                       ("oktopk:density=0.05", "removed"),
                                        ("powersgd:rank=2", "killed"),
                                        ("auto:profile_steps=2,trial_steps=2,max_trials=2", "removed")])
 def test_a_job_that_loses_a_worker_and_regains_it_carries_the_compressors_state(tmp_path, spec, how):

@@ -4,8 +4,8 @@ eagerly, beside the step's pending allreduces
 (:class:`~horovod_sparse.horovod_collectives.HorovodCollectives`). A ``tf.function`` step through
 ``DistributedGradientTape`` and Keras ``fit`` through Horovod's ``DistributedOptimizer`` train with
 bitwise-identical replicas; ``dense`` equals Horovod's own ``none``, bit for bit at P = 2 (a + b
-either way, halved exactly), within float32 rounding at P > 2; point-to-point exchanges (auto's candidates too) and planned
-schedules are refused on every rank (no hang).
+either way, halved exactly), within float32 rounding at P > 2; planned schedules are refused on
+every rank (no hang).
 
 Its own launch (scripts/run_tests.py launches each module of the group apart): Horovod runs one
 frontend per process, and the PyTorch module initialises ``horovod.torch``.
@@ -23,7 +23,7 @@ import tensorflow as tf  # noqa: E402
 import horovod_sparse.tensorflow as hvds  # noqa: E402
 
 STEPS = 6
-TRAINED = ["dense", "topk:density=0.05", "gtopk:density=0.05", "qsgd", "int4", "auto"]
+TRAINED = ["dense", "topk:density=0.05", "gtopk:density=0.05", "oktopk:density=0.05", "qsgd", "int4", "auto"]
 
 
 def make_model():
@@ -110,15 +110,9 @@ def test_keras_fit_gives_every_rank_the_same_parameters(spec):
     assert history.history["loss"][-1] < history.history["loss"][0]
 
 
-POINT_TO_POINT = (r"topk: its exchange sends point-to-point messages, which Horovod's collectives "
-                  r"\(the transport here: gloo launch\) cannot carry")
-
-
 @pytest.mark.world_sizes(2)  # a refusal: the same at any size
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("spec, params, refusal", [
-    ("topk:density=0.05", {"exchange": "dsa"}, POINT_TO_POINT),
-    ("auto", {"candidates": ["fp16", "oktopk:density=0.05"]}, POINT_TO_POINT),
     ("topk:density=0.05", {"schedule": "mgwfbp"}, r"schedule='mgwfbp' exchanges on helper threads")])
 def test_what_the_transport_cannot_carry_is_refused_on_every_rank(spec, params, refusal):
     with pytest.raises(Exception, match=refusal):  # a ValueError, or TensorFlow's carrying its message

@@ -4,9 +4,9 @@
 through the stock ``hvd.DistributedOptimizer`` give bitwise the same parameters under both,
 for every compressor whose exchange is collective, at P = 2 and 3: the transport moves the same
 buffers and reduces them in the same order (gTop-k: its tree folded on every rank from one
-allgather, in the tree's order). At P = 3 Horovod's process sets (ranks 0 and 1, rank 2)
-exchange within themselves over either. Under Horovod's collectives the compressors that need
-point-to-point messages are refused at the first step on every rank.
+allgather, in the tree's order; Ok-Topk and TopkDSA: their posted messages delivered by one
+alltoall per round, summed in the order posted). At P = 3 Horovod's process sets (ranks 0 and 1, rank 2)
+exchange within themselves over either.
 """
 import horovod.torch as hvd
 import numpy as np
@@ -24,7 +24,8 @@ from random_regression import fit_random_regression
 pytestmark = pytest.mark.world_sizes(2, 3)
 
 STEPS = 5
-SPECS = ["dense", "topk:density=0.05", "gtopk:density=0.05", "gaussiank:density=0.05", "dgc:density=0.05", "threshold",
+SPECS = ["dense", "topk:density=0.05", "gtopk:density=0.05", "oktopk:density=0.05", "topk:density=0.05,exchange=dsa",
+         "fft:exchange=oktopk", "gaussiank:density=0.05", "dgc:density=0.05", "threshold",
          "randomk:density=0.05", "qsgd", "int4", "terngrad", "onebit", "signsgd", "signum", "efsignsgd", "bf16",
          "powersgd:rank=2", "fft"]
 
@@ -92,25 +93,6 @@ def test_process_sets_over_both_transports(spec, transport, process_sets):
     every = np.empty((hvd.size(), over_horovod.size), over_horovod.dtype)
     MPI.COMM_WORLD.Allgather(over_horovod, every)
     assert np.array_equal(every[0], every[1])  # the set of ranks 0 and 1 trained one replica
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("spec", ["oktopk:density=0.05", "topk:density=0.05,exchange=dsa"])
-def test_point_to_point_exchanges_are_refused_over_horovods_collectives(spec, transport):
-    transport("horovod")
-    with pytest.raises(ValueError, match=rf"^{spec.split(':')[0]}: its exchange sends point-to-point messages, "
-                                         r"which Horovod's collectives \(the transport here: "
-                                         r"HOROVOD_SPARSE_TRANSPORT=horovod\) cannot carry"):
-        train(spec, steps=1)
-    hvd.barrier()
-
-
-@pytest.mark.timeout(60)
-def test_auto_with_a_point_to_point_candidate_is_refused_over_horovods_collectives(transport):
-    transport("horovod")
-    with pytest.raises(ValueError, match=r"^oktopk: its exchange sends point-to-point messages"):
-        train("auto", steps=1, candidates=["fp16", "oktopk:density=0.05"])
-    hvd.barrier()
 
 
 def test_a_transport_that_does_not_exist_is_refused(transport):
