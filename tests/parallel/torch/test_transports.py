@@ -23,7 +23,7 @@ from random_regression import fit_random_regression
 
 pytestmark = pytest.mark.world_sizes(2, 3)
 
-STEPS = 5
+STEPS = 10
 SPECS = ["dense", "topk:density=0.05", "gtopk:density=0.05", "oktopk:density=0.05", "topk:density=0.05,exchange=dsa",
          "fft:exchange=oktopk", "gaussiank:density=0.05", "dgc:density=0.05", "threshold",
          "randomk:density=0.05", "qsgd", "int4", "terngrad", "onebit", "signsgd", "signum", "efsignsgd", "bf16",
