@@ -22,7 +22,7 @@ differ only there (:class:`_TorchCollectives`, :class:`_TensorFlowCollectives`).
   (what :meth:`horovod_sparse.exchange.comm.CountingComm.waitall` calls here), which every rank
   calls at the same points of its exchange, as Ok-Topk's and TopkDSA's do: a rank's messages to
   one peer arrive in the order posted, into the receives that peer posted in the same order.
-  Blocking ``Send`` and ``Recv`` raise (gTop-k's tree runs from one allgather instead).
+  Blocking ``Send`` and ``Recv`` raise (gTop-k's tree runs from its inputs gathered instead).
 - One thread at a time: the call counter is the order of calls.
 
 Example::

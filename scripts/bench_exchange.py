@@ -33,8 +33,8 @@ around it): ranks 0 and 1 bounce one int64 ``--repeats`` x 500 times; the record
 ``--transport horovod`` runs the exchanges over Horovod's own collectives instead of mpi4py
 (:class:`horovod_sparse.horovod_collectives.HorovodCollectives`, as under ``horovodrun --gloo``;
 Horovod initialised by ``horovod.torch``): every algorithm, Ok-Topk's and TopkDSA's posted
-messages delivered by one alltoall per round, gTop-k's tree folded on every rank from one
-allgather. ``--latency`` times one 8-byte Allreduce over the chosen transport
+messages delivered by one alltoall per round, gTop-k's tree folded on every rank from
+its inputs, gathered. ``--latency`` times one 8-byte Allreduce over the chosen transport
 instead (the fixed cost of a collective; Horovod's includes its negotiation cycle): the record
 (``"kind": "latency"``) holds the median seconds per Allreduce. Both transports side by side:
 

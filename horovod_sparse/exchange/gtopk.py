@@ -14,11 +14,12 @@ Guaranteed bound: |selected| = min(k, m) exactly, m = size of the union of all
 ranks' input supports (a merge keeps k entries whenever either side had k).
 
 Over a transport without point-to-point messages (Horovod's collectives: a Gloo or elastic
-launch), steps 2-4 run on every rank alike from one allgather of every rank's input
-(:func:`.tree.fold_like_the_tree`: the tree's merges in the tree's order, so the same bits as
-over MPI). Each rank then receives P - 1 inputs (up to the selection's count bound each)
-instead of about 2 log P messages of k pairs along the tree: more bytes, but one collective
-instead of 2 log P rounds of Horovod's negotiation, each about a millisecond.
+launch), steps 2-4 run on every rank alike from every rank's input, gathered (its count, then
+its pairs: two allgathers) (:func:`.tree.fold_like_the_tree`: the tree's merges in the tree's
+order, so the same bits as over MPI). Each rank then receives P - 1 inputs (up to the
+selection's count bound each) instead of about 2 log P messages of k pairs along the tree: more
+bytes, but two collectives instead of 2 log P rounds of Horovod's negotiation, each about a
+millisecond.
 """
 import numpy as np
 

@@ -104,6 +104,17 @@ class AdamW(torch.optim.Optimizer):
                         max_interval=max_interval, variance_decay=variance_decay, exchanged_steps=0)
         super().__init__(params, defaults)
 
+    def __setstate__(self, state):
+        """torch's, and (as torch's optimizers fill in what older states lack) a state saved
+        before ``variance_decay`` was kept resumes under the rule it ran with: per update, its
+        ``v`` last updated at its count of exact steps."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("variance_decay", "per_update")
+        for param_state in self.state.values():
+            if "exact_step" in param_state and "variance_step" not in param_state:
+                param_state["variance_step"] = param_state["exact_step"].clone()
+
     @property
     def exact_schedule(self):
         """The :class:`~horovod_sparse.exact_steps.ExactSteps` of this optimizer (one for all groups)."""
@@ -173,9 +184,7 @@ def _update(param, grad, state, group, exact):
     if group["weight_decay"] != 0:
         param.mul_(1 - lr * group["weight_decay"])
     exp_avg.lerp_(grad, 1 - beta1)
-    per_step = group.get("variance_decay", "per_update") == "per_step"
-    if "variance_step" not in state:  # a state saved before variance_step was kept
-        state["variance_step"] = state["exact_step"].clone()
+    per_step = group["variance_decay"] == "per_step"
     if exact:
         state["exact_step"] += 1
         # per step: the exact gradient stands for every step since v last took one (beta2 per

@@ -2,11 +2,11 @@
 (``HOROVOD_SPARSE_TRANSPORT=mpi``) and Horovod's own collectives (``=horovod``, what a
 ``horovodrun --gloo`` launch uses; :mod:`horovod_sparse.horovod_collectives`). The same steps
 through the stock ``hvd.DistributedOptimizer`` give bitwise the same parameters under both,
-for every compressor whose exchange is collective, at P = 2 and 3: the transport moves the same
-buffers and reduces them in the same order (gTop-k: its tree folded on every rank from one
-allgather, in the tree's order; Ok-Topk and TopkDSA: their posted messages delivered by one
-alltoall per round, summed in the order posted). At P = 3 Horovod's process sets (ranks 0 and 1, rank 2)
-exchange within themselves over either.
+for every compressor but ``auto`` (whose choice follows timings), at P = 2 and 3: the transport
+moves the same buffers and reduces them in the same order (gTop-k: its tree folded on every
+rank from its inputs, gathered, in the tree's order; Ok-Topk and TopkDSA: their posted messages
+delivered by one alltoall per round, summed in the order posted). At P = 3 Horovod's process
+sets (ranks 0 and 1, rank 2) exchange within themselves over either.
 """
 import horovod.torch as hvd
 import numpy as np
