@@ -30,8 +30,10 @@ Example::
     comm = horovod_world()
     assert (comm.Get_size(), comm.Get_rank()) == (hvd.size(), hvd.rank())
 """
+import atexit
 import os
 import sys
+import threading
 import zlib
 
 import numpy as np
@@ -159,12 +161,53 @@ def _chosen(hvd, process_set, mpi_communicator):
     if transport == "horovod":
         return _collectives(hvd, process_set, f"{TRANSPORT_VARIABLE}=horovod")
     try:
-        return mpi_communicator()
+        comm = mpi_communicator()
     except HorovodWorldError as error:
         if transport == "mpi":
             raise HorovodWorldError(f"{error} ({TRANSPORT_VARIABLE}=mpi)") from None
         why = "gloo launch" if hvd.gloo_enabled() else "Horovod's ranks are not one MPI job's"
         return _collectives(hvd, process_set, why)
+    _meet_at_exit(hvd, process_set)
+    return comm
+
+
+#: how long a rank at its program's end waits for the others (s): ranks of a job that ends
+#: well arrive within a step of each other; past it (a rank stuck or gone) each goes on alone
+EXIT_MEETING_S = 30.0
+
+_MEETING = []  # the process set this process meets at exit, once registered
+
+
+def _meet_at_exit(hvd, process_set):
+    """At the program's end, before Horovod shuts down (``atexit`` runs last-registered first,
+    and Horovod registered at ``hvd.init()``), wait until every rank of the set has ended its
+    program too: one Horovod allgather, on a thread, for at most EXIT_MEETING_S.
+
+    Why: the first rank to shut Horovod down shuts it down everywhere, and where Horovod
+    started MPI it finalises MPI on every rank from its own thread, while a slower rank may
+    still be inside the last step's mpi4py exchange (a segfault, or an abort "called after
+    MPI_FINALIZE"). Horovod's own collective is the meeting point because it is carried by
+    Horovod's thread: a rank waiting in it makes no MPI call, and its Horovod finishes the
+    allgather before it takes the shutdown in. A program ending on an uncaught exception
+    does not wait (the others are not coming; its exit ends the job)."""
+    if not _MEETING:
+        _MEETING.append(process_set)
+        atexit.register(_wait_for_every_rank, hvd, process_set)
+
+
+def _wait_for_every_rank(hvd, process_set):
+    if hasattr(sys, "last_value") or not hvd.is_initialized():  # failed, or Horovod already shut down
+        return
+
+    def allgather():
+        try:
+            _horovod_allgather(hvd, [hvd.rank()], process_set, "horovod_sparse.exit")
+        except Exception:  # noqa: BLE001  (a peer gone or Horovod shut down: nothing to wait for)
+            pass
+
+    meeting = threading.Thread(target=allgather, name="horovod_sparse exit meeting", daemon=True)
+    meeting.start()
+    meeting.join(EXIT_MEETING_S)
 
 
 def _collectives(hvd, process_set, reason):
@@ -214,7 +257,8 @@ def _mpi_ranks(hvd, process_set, count):
     order: one Horovod allgather, over the set, of each rank's (MPI rank, MPI size, MPI job).
     Every rank checks the same table, so all go on or all raise."""
     mpi = mpi_world()
-    table = _horovod_allgather(hvd, [mpi.Get_rank(), mpi.Get_size(), _job_fingerprint()], process_set)
+    name = f"horovod_sparse.world.{getattr(process_set, 'process_set_id', 0)}"
+    table = _horovod_allgather(hvd, [mpi.Get_rank(), mpi.Get_size(), _job_fingerprint()], process_set, name)
     ranks, sizes, jobs = table[:, 0], table[:, 1], table[:, 2]
     problem = None
     if table.shape[0] != count:
@@ -228,10 +272,9 @@ def _mpi_ranks(hvd, process_set, count):
     return [int(r) for r in ranks]
 
 
-def _horovod_allgather(hvd, row, process_set):
+def _horovod_allgather(hvd, row, process_set, name):
     """Every rank's ``row`` (ints) as an int64 array, row i from the set's rank i: Horovod's own
-    allgather (eager in TensorFlow, lifted out of any trace)."""
-    name = f"horovod_sparse.world.{getattr(process_set, 'process_set_id', 0)}"
+    allgather under ``name`` (eager in TensorFlow, lifted out of any trace)."""
     process_set = hvd.global_process_set if process_set is None else process_set
     if hvd.__name__ == "horovod.torch":
         import torch
