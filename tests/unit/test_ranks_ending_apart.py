@@ -82,17 +82,18 @@ print("finished", flush=True)
 '''
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-def test_a_rank_ending_its_program_waits_for_the_others_before_horovod_shuts_down(tmp_path):
-    (tmp_path / "late.py").write_text(AFTER_THE_LAST_STEP)
+def assert_both_ranks_finish(tmp_path, program):
+    (tmp_path / "late.py").write_text(program)
     status, output = run_mpi_program(tmp_path, "late.py", 2)
     assert status == 0, f"exited {status}; output of every rank:\n{output[-4000:]}"
     assert output.count("finished") == 2, output[-4000:]
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_a_rank_ending_its_program_waits_for_the_others_before_horovod_shuts_down(tmp_path):
+    assert_both_ranks_finish(tmp_path, AFTER_THE_LAST_STEP)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_a_rank_finishing_its_last_step_after_another_exited_makes_no_mpi_call(tmp_path):
-    (tmp_path / "late.py").write_text(IN_THE_LAST_STEP)
-    status, output = run_mpi_program(tmp_path, "late.py", 2)
-    assert status == 0, f"exited {status}; output of every rank:\n{output[-4000:]}"
-    assert output.count("finished") == 2, output[-4000:]
+    assert_both_ranks_finish(tmp_path, IN_THE_LAST_STEP)
