@@ -27,6 +27,9 @@ from horovod_sparse.checks import check_nonnegative_int, check_positive_int
 
 #: exact steps at the start (as many as the compressors' default warm-up, whose dense steps are exact too)
 DEFAULT_EXACT_WARMUP = 100
+#: how an exact step's gradients travel: as they are (``"none"``), or cast to float16 (``"fp16"``,
+#: as Horovod's ``Compression.fp16``: half the bytes of an fp32 exact step)
+EXACT_COMPRESSIONS = ("none", "fp16")
 #: the longest interval between exact steps; with beta2 = 0.999, a ``v`` at most 32 steps old
 #: (3% of its memory). Not tuned by measurement yet.
 DEFAULT_MAX_INTERVAL = 32
@@ -34,14 +37,18 @@ DEFAULT_MAX_INTERVAL = 32
 
 @dataclass(frozen=True)
 class ExactSteps:
-    """``warmup`` exact steps, then exact steps at intervals 1, 2, 4, ... capped at ``max_interval``."""
+    """``warmup`` exact steps, then exact steps at intervals 1, 2, 4, ... capped at ``max_interval``;
+    ``compression``, how an exact step's gradients travel (``EXACT_COMPRESSIONS``)."""
 
     warmup: int = DEFAULT_EXACT_WARMUP
     max_interval: int = DEFAULT_MAX_INTERVAL
+    compression: str = "none"
 
     def __post_init__(self):
         check_nonnegative_int("exact_warmup", self.warmup, upper=2**31 - 1)
         check_positive_int("max_interval", self.max_interval)
+        if self.compression not in EXACT_COMPRESSIONS:
+            raise ValueError(f"exact_compression must be one of {EXACT_COMPRESSIONS}, got {self.compression!r}")
 
     @property
     def _doubling(self):

@@ -124,8 +124,10 @@ class OutOfBandCompressorBase:
     def goes_dense(self, tensor):
         return not self.ops.is_float(tensor) or self.ops.numel(tensor) < self.dense_below
 
-    def compress_dense(self, tensor, key):
-        payload, ctx = self._dense.compress(self.ops, tensor, None)
+    def compress_dense(self, tensor, key, codec=None):
+        """``tensor`` for Horovod's allreduce as it is, or cast by ``codec`` (a
+        :class:`~horovod_sparse.compressors.cast.CastCompressor`; ``decompress_dense`` undoes either)."""
+        payload, ctx = (codec or self._dense).compress(self.ops, tensor, None)
         self.record(key, tensor, payload)
         return payload, ("dense", ctx)
 

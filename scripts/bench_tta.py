@@ -377,7 +377,8 @@ def recipe_text(record):
     """The record's optimizer and schedule in a few words (records before recipes ran plain SGD)."""
     r = record.get("recipe") or {"name": "sgd", "lr": record.get("lr"), "momentum": record.get("momentum")}
     words = {"sgd": "SGD", "momentum": "SGD", "adamw": "AdamW",
-             "adamw-exact": "horovod_sparse.torch.AdamW"}[r["name"]] + f" lr {r.get('lr')}"
+             "adamw-exact": "horovod_sparse.torch.AdamW",
+             "adamw-exact-fp16": "horovod_sparse.torch.AdamW (exact steps in fp16)"}[r["name"]] + f" lr {r.get('lr')}"
     if r.get("momentum"):
         words += f" momentum {r['momentum']}"
     if r.get("weight_decay"):

@@ -14,7 +14,9 @@ into the first moment ``m`` only, with ``v`` as it was at the last exact step::
 No argument tells the compressor the schedule: an out-of-band compressor reads it from the
 optimizer that calls it (``exact_schedule``), carries the exact steps by Horovod's allreduce
 uncompressed, and reports every step as ``exact_report`` ``(index, exact)``
-(:mod:`horovod_sparse.torch.out_of_band`). The optimizer never guesses: it takes ``exact`` from
+(:mod:`horovod_sparse.torch.out_of_band`). With ``exact_compression="fp16"`` the exact steps
+travel as float16, as under Horovod's ``Compression.fp16`` (half their bytes; the compressor's
+own warm-up steps stay as they are). The optimizer never guesses: it takes ``exact`` from
 the report and checks the index against its own count of exchanged steps (``exchanged_steps``,
 kept in each param group, so that ``state_dict()`` and ``hvd.broadcast_optimizer_state`` carry
 it); a report for another step (two ``step()`` calls for one exchange, a checkpoint restored in
@@ -77,14 +79,16 @@ EXACT_IN_BAND = ("none", "fp16")
 class AdamW(torch.optim.Optimizer):
     """``torch.optim.AdamW`` (same arguments and defaults) that updates its second moment on exact
     steps only. ``exact_warmup`` (integer >= 0) and ``max_interval`` (integer >= 1) set the
-    schedule (:class:`~horovod_sparse.exact_steps.ExactSteps`); ``variance_decay`` (one of
+    schedule (:class:`~horovod_sparse.exact_steps.ExactSteps`), ``exact_compression``
+    (``"none"`` or ``"fp16"``) how its steps travel; ``variance_decay`` (one of
     ``VARIANCE_DECAYS``) how ``v`` forgets between exact steps (module docstring). ``amsgrad``, ``foreach``,
     ``fused``, ``capturable`` and ``differentiable`` are refused (ValueError) unless left off:
     this runs torch's single-tensor update."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
-                 exact_warmup=DEFAULT_EXACT_WARMUP, max_interval=DEFAULT_MAX_INTERVAL, variance_decay="per_step"):
+                 exact_warmup=DEFAULT_EXACT_WARMUP, max_interval=DEFAULT_MAX_INTERVAL, exact_compression="none",
+                 variance_decay="per_step"):
         for name, value in (("amsgrad", amsgrad), ("capturable", capturable), ("differentiable", differentiable),
                             ("foreach", foreach), ("fused", fused)):
             if value:
@@ -96,21 +100,24 @@ class AdamW(torch.optim.Optimizer):
         if not 0.0 <= weight_decay:
             raise ValueError(f"AdamW: weight_decay must be a float >= 0, got {weight_decay!r}")
         betas = tuple(check_unit_interval(f"betas[{i}]", b) for i, b in enumerate(betas))
-        ExactSteps(exact_warmup, max_interval)  # checks both
+        ExactSteps(exact_warmup, max_interval, exact_compression)  # checks all three
         if variance_decay not in VARIANCE_DECAYS:
             raise ValueError(f"AdamW: variance_decay must be one of {VARIANCE_DECAYS}, got {variance_decay!r}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         maximize=check_bool("maximize", maximize), exact_warmup=exact_warmup,
-                        max_interval=max_interval, variance_decay=variance_decay, exchanged_steps=0)
+                        max_interval=max_interval, exact_compression=exact_compression, variance_decay=variance_decay,
+                        exchanged_steps=0)
         super().__init__(params, defaults)
 
     def __setstate__(self, state):
         """torch's, and (as torch's optimizers fill in what older states lack) a state saved
         before ``variance_decay`` was kept resumes under the rule it ran with: per update, its
-        ``v`` last updated at its count of exact steps."""
+        ``v`` last updated at its count of exact steps; one saved before ``exact_compression``
+        sends its exact steps as they are."""
         super().__setstate__(state)
         for group in self.param_groups:
             group.setdefault("variance_decay", "per_update")
+            group.setdefault("exact_compression", "none")
         for param_state in self.state.values():
             if "exact_step" in param_state and "variance_step" not in param_state:
                 param_state["variance_step"] = param_state["exact_step"].clone()
@@ -118,10 +125,10 @@ class AdamW(torch.optim.Optimizer):
     @property
     def exact_schedule(self):
         """The :class:`~horovod_sparse.exact_steps.ExactSteps` of this optimizer (one for all groups)."""
-        schedules = {(g["exact_warmup"], g["max_interval"]) for g in self.param_groups}
+        schedules = {(g["exact_warmup"], g["max_interval"], g["exact_compression"]) for g in self.param_groups}
         if len(schedules) != 1:
-            raise ValueError(f"AdamW: exact_warmup and max_interval must be the same in every param group, "
-                             f"got {sorted(schedules)}")
+            raise ValueError(f"AdamW: exact_warmup, max_interval and exact_compression must be the same in every "
+                             f"param group, got {sorted(schedules)}")
         return ExactSteps(*schedules.pop())
 
     def _step_is_exact(self):

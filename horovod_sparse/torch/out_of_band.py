@@ -36,7 +36,8 @@ from it at the first compressed step, so the ramp and the schedule's profiling c
 
 Exact steps (:mod:`horovod_sparse.exact_steps`) ride the same path: where the optimizer has an
 ``exact_schedule`` (:class:`horovod_sparse.torch.AdamW`), read from the optimizer calling the
-compressor, the steps it names are carried by Horovod's allreduce too, uncompressed, and leave
+compressor, the steps it names are carried by Horovod's allreduce too, uncompressed (or cast to
+fp16, as Horovod's ``Compression.fp16`` does, where the optimizer's ``exact_compression`` says so), and leave
 the pipelines' state (residuals, step counters) as it was. The compressor counts every step it
 exchanged whose sums are finite (``steps_exchanged``, saved with its state where a schedule is
 in use) and reports the last one as ``exact_report``: ``(its 0-based index, whether its average
@@ -61,6 +62,7 @@ from horovod.torch.optimizer import _DistributedAdasumOptimizer
 
 from horovod_sparse.agreement import check_same_on_every_rank, communicator_of
 from horovod_sparse.checks import check_choice, check_positive_int
+from horovod_sparse.compressors.cast import FP16Compressor
 from horovod_sparse.errors import NonFiniteGradientError
 from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_process_set, check_caller
 from horovod_sparse.layout_pipeline import PIPELINE_KEY
@@ -71,6 +73,8 @@ from horovod_sparse.schedule.planner import SCHEDULES
 from horovod_sparse.step.exchanges import StepExchanges
 from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum, probe_scale
 
+#: how an optimizer's exact steps travel where its schedule says ``compression="fp16"``
+FP16_EXACT = FP16Compressor()
 #: ``state_dict`` key of the count of steps exchanged (where an exact-step schedule is in use)
 STEPS_KEY = "(steps)"
 
@@ -144,6 +148,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._carried_sums = None    # whether Horovod's sums of this carried step are all finite
         self._decompressed = 0       # of this carried step's gradients (the last one ends the step)
         self._warming = False        # this carried step is one of the warm-up's (else an exact step)
+        self._carried_codec = None   # how this carried step travels: as it is, or in fp16 (an exact step's choice)
         self.steps_exchanged = 0     # steps whose sums were finite, carried or compressed
         self.exact_report = None     # (index, exact) of the last of them; None before one, and after a load
 
@@ -162,14 +167,15 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             # ranks on different exact steps would hand Horovod differently shaped allreduces
             # (a gradient on one rank, a probe on another): name the cause before the first one
             check_same_on_every_rank(f"exact steps {self.exact_schedule}", self._comm,
-                                     "exact-step schedules (horovod_sparse.torch.AdamW's exact_warmup and max_interval)")
+                                     "exact-step schedules (horovod_sparse.torch.AdamW's exact_warmup, max_interval "
+                                     "and exact_compression)")
             self._schedule_agreed = True
         if self._step_finished:
             self._start_step()
         key = self._position if name is None else name
         self._position += 1
-        if self._carrying:  # a dense warm-up step or an exact step: Horovod's allreduce, as it is
-            return self.compress_dense(tensor, key)
+        if self._carrying:  # a dense warm-up step or an exact step: Horovod's allreduce, as it is (or in fp16)
+            return self.compress_dense(tensor, key, self._carried_codec)
         if self.goes_dense(tensor):
             if tensor.is_floating_point():
                 self._carried.add(tensor)
@@ -193,6 +199,8 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._carrying = self._warming or (schedule is not None and schedule.is_exact(self.steps_exchanged))
         if self._carrying:
             self._carried_sums, self._decompressed = FiniteCheck(), 0
+            in_fp16 = not self._warming and schedule.compression == "fp16"
+            self._carried_codec = FP16_EXACT if in_fp16 else None
             return
         if self._hand_over:  # the first compressed step: the pipelines count the carried steps in
             self.exchanges.load_state_dict({PIPELINE_KEY: {"step": self._carried_steps}})
@@ -312,7 +320,8 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             return {"horovod": f"warm-up: dense until step {self._dense_steps}, on Horovod's allreduce"}
         schedule = self.exact_schedule
         if schedule is not None and schedule.is_exact(self.steps_exchanged):
-            return {"horovod": f"{schedule.describe(self.steps_exchanged)}, on Horovod's allreduce"}
+            in_fp16 = " in fp16" if schedule.compression == "fp16" else ""
+            return {"horovod": f"{schedule.describe(self.steps_exchanged)}, on Horovod's allreduce{in_fp16}"}
         return super().regime()
 
     def close(self):

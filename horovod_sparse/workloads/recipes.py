@@ -20,12 +20,13 @@ learning rates in ``RECIPES`` and its default in ``RECIPE``):
 * ``adamw``: AdamW, weight decay 0.01, the same warm-up and cosine decay (the transformer
   recipe);
 * ``adamw-exact``: the same with :class:`horovod_sparse.torch.AdamW`, whose second moment is
-  updated on exact steps only (its default schedule), for the compressors under AdamW.
+  updated on exact steps only (its default schedule), for the compressors under AdamW;
+* ``adamw-exact-fp16``: the same, its exact steps sent in fp16 (``exact_compression="fp16"``).
 """
 import math
 from dataclasses import asdict, dataclass, replace
 
-NAMES = ("sgd", "momentum", "adamw", "adamw-exact")
+NAMES = ("sgd", "momentum", "adamw", "adamw-exact", "adamw-exact-fp16")
 #: compressors that apply the optimizer's momentum themselves: trained with momentum 0
 OWN_MOMENTUM = ("dgc", "signum")
 
@@ -48,9 +49,10 @@ class Recipe:
         import torch
         if self.name == "adamw":
             return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
-        if self.name == "adamw-exact":
+        if self.name.startswith("adamw-exact"):
             from horovod_sparse.torch import AdamW
-            return AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+            exact_compression = "fp16" if self.name == "adamw-exact-fp16" else "none"
+            return AdamW(params, lr=self.lr, weight_decay=self.weight_decay, exact_compression=exact_compression)
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def lr_factor(self, step, total_steps):
@@ -97,6 +99,6 @@ def recipe_for(workload, name=None, lr=None):
     if name not in NAMES:
         raise ValueError(f"recipe must be one of {', '.join(NAMES)}, got {name!r}")
     own = getattr(workload, "RECIPES", {})
-    if name == "adamw-exact":  # the workload's AdamW rates, the exact-step optimizer
+    if name.startswith("adamw-exact"):  # the workload's AdamW rates, the exact-step optimizer
         return replace(own.get("adamw", RECIPES["adamw"]), name=name).with_lr(lr)
     return own.get(name, RECIPES[name]).with_lr(lr)

@@ -83,8 +83,8 @@ def test_the_schedules_doctests_and_edges():
             gaps = np.diff(exact[warmup:])
             assert gaps.max(initial=1) <= interval and (gaps[1:] >= gaps[:-1]).all()  # growing, capped
             assert all(s.count(t) == sum(map(s.is_exact, range(t))) for t in range(0, 400, 7))
-    for bad in (dict(warmup=-1), dict(max_interval=0), dict(max_interval=2.0)):
-        with pytest.raises(ValueError, match="exact_warmup|max_interval"):
+    for bad in (dict(warmup=-1), dict(max_interval=0), dict(max_interval=2.0), dict(compression="int8")):
+        with pytest.raises(ValueError, match="exact_warmup|max_interval|exact_compression"):
             ExactSteps(**bad)
 
 
@@ -159,6 +159,7 @@ def test_a_state_dict_round_trip_across_an_exact_step_is_bit_exact():
     q = saved_p.clone().requires_grad_()
     resumed = hvds.AdamW([q], exact_warmup=3, max_interval=4)
     resumed.load_state_dict(saved)
+    assert resumed.exact_schedule == ExactSteps(3, 4, "none")
     resumed._compression = RecordedReports(exact)
     assert resumed.param_groups[0]["exchanged_steps"] == 9 and resumed.state[q]["exact_step"].item() == 6
     for step in range(9, 14):
@@ -181,6 +182,7 @@ def test_a_checkpoint_saved_before_variance_decay_resumes_as_it_ran():
     run(opt, [p], grads[:9], opt._compression)
     saved, saved_p = copy.deepcopy(opt.state_dict()), p.detach().clone()
     del saved["param_groups"][0]["variance_decay"]
+    del saved["param_groups"][0]["exact_compression"]
     for state in saved["state"].values():
         del state["variance_step"]
     for step in range(9, STEPS):
@@ -241,14 +243,16 @@ def test_in_band_compressors_exact_or_refused(compression, accepted):
                                           (dict(betas=(0.9, 1.0)), r"betas\[1\]"),
                                           (dict(max_interval=0), "max_interval"),
                                           (dict(exact_warmup=-1), "exact_warmup"),
-                                          (dict(variance_decay="per_epoch"), "variance_decay")])
+                                          (dict(variance_decay="per_epoch"), "variance_decay"),
+                                          (dict(exact_compression="bf16"), "exact_compression")])
 def test_bad_arguments_fail_at_construction(kwargs, name):
     with pytest.raises(ValueError, match=name):
         hvds.AdamW([torch.ones(2, requires_grad=True)], **kwargs)
 
 
-def test_param_groups_must_share_the_schedule():
+@pytest.mark.parametrize("other", [{"max_interval": 8}, {"exact_compression": "fp16"}])
+def test_param_groups_must_share_the_schedule(other):
     opt = hvds.AdamW([{"params": [torch.ones(2, requires_grad=True)]},
-                      {"params": [torch.ones(2, requires_grad=True)], "max_interval": 8}])
+                      {"params": [torch.ones(2, requires_grad=True)], **other}])
     with pytest.raises(ValueError, match="the same in every param group"):
         opt.exact_schedule

@@ -259,3 +259,7 @@ def test_the_exact_step_recipe_is_the_workloads_adamw_on_horovod_sparse_adamw():
     assert type(opt) is AdamW and opt.defaults["lr"] == 3e-4 and opt.defaults["weight_decay"] == 0.1
     assert type(plain.optimizer(torch.nn.Linear(3, 2).parameters())) is torch.optim.AdamW
     assert recipe_for(Workload, "adamw-exact", lr=1e-3).lr == 1e-3
+    assert opt.defaults["exact_compression"] == "none"
+    in_fp16 = recipe_for(Workload, "adamw-exact-fp16").optimizer(torch.nn.Linear(3, 2).parameters())
+    assert type(in_fp16) is AdamW and in_fp16.defaults["exact_compression"] == "fp16"
+    assert in_fp16.exact_schedule.compression == "fp16" and in_fp16.defaults["lr"] == 3e-4

@@ -29,9 +29,10 @@ def expected_exact(step):
     return step < WARMUP or ExactSteps(SCHEDULE["exact_warmup"], SCHEDULE["max_interval"]).is_exact(step)
 
 
-def adamw(model, **frontend):
+def adamw(model, exact_compression="none", **frontend):
     compression = hvds.Compression.from_spec(SPEC, dense_below=0, **frontend)
-    opt = hvd.DistributedOptimizer(hvds.AdamW(model.parameters(), lr=1e-2, **SCHEDULE),
+    opt = hvd.DistributedOptimizer(hvds.AdamW(model.parameters(), lr=1e-2, exact_compression=exact_compression,
+                                              **SCHEDULE),
                                    named_parameters=model.named_parameters(), compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)  # a step on zero gradients, before any exchange
@@ -45,21 +46,27 @@ def counters(opt, compression):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("schedule", ["after_backward", "mgwfbp"])
-def test_exact_steps_are_horovods_average_on_every_rank_and_replicas_agree(schedule, assert_identical_across_ranks):
-    """Also with a planned schedule (buckets on channel threads): its exchanges skip the exact steps."""
+@pytest.mark.parametrize("schedule, exact_compression", [("after_backward", "none"), ("mgwfbp", "none"),
+                                                         ("after_backward", "fp16")])
+def test_exact_steps_are_horovods_average_on_every_rank_and_replicas_agree(schedule, exact_compression,
+                                                                            assert_identical_across_ranks):
+    """Also with a planned schedule (buckets on channel threads): its exchanges skip the exact
+    steps. With ``exact_compression="fp16"`` the schedule's exact steps are Horovod's average
+    under its own ``Compression.fp16``, the compressor's warm-up steps still Horovod's in fp32."""
     model = five_layers()
-    opt, compression = adamw(model, schedule=schedule, profile_steps=1)
+    opt, compression = adamw(model, exact_compression, schedule=schedule, profile_steps=1)
+    in_fp16 = exact_compression == "fp16"
     reports = []
     try:
         for step in range(STEPS):
             if step == 10:   # exact on the schedule, after the warm-ups
-                assert compression.regime() == {"horovod": "exact every 4 steps (step 10 exact), "
-                                                           "on Horovod's allreduce"}
+                assert compression.regime() == {"horovod": "exact every 4 steps (step 10 exact), on Horovod's "
+                                                           f"allreduce{' in fp16' if in_fp16 else ''}"}
             local = local_gradients(model, step)
             reduced = train_step(model, opt, step)
             reports.append(compression.exact_report)
-            exact_average = {name: hvd.allreduce(torch.from_numpy(g), name=f"check.{name}").numpy()
+            wire = hvd.Compression.fp16 if in_fp16 and step >= WARMUP else hvd.Compression.none
+            exact_average = {name: hvd.allreduce(torch.from_numpy(g), name=f"check.{name}", compression=wire).numpy()
                              for name, g in local.items()}
             same = all(np.array_equal(reduced[name], exact_average[name]) for name in local)
             assert same == expected_exact(step), f"step {step}: exact average {same}, expected {expected_exact(step)}"
@@ -143,8 +150,8 @@ def test_ranks_with_different_schedules_fail_together_naming_them():
     opt = hvd.DistributedOptimizer(hvds.AdamW(model.parameters(), lr=1e-2, exact_warmup=3 + hvd.rank(), max_interval=4),
                                    named_parameters=model.named_parameters(), compression=compression)
     opt.zero_grad()
-    with pytest.raises(ValueError, match=r"different exact-step schedules .*rank 0: exact steps "
-                                         r"ExactSteps\(warmup=3, max_interval=4\); rank 1: exact steps "
+    with pytest.raises(ValueError, match=r"different exact-step schedules .*rank 0: exact steps ExactSteps\(warmup=3, "
+                                         r"max_interval=4, compression='none'\); rank 1: exact steps "
                                          r"ExactSteps\(warmup=4"):
         loss_of(model, 0).backward()
     assert not opt._handles, "an allreduce was started before the check"
