@@ -76,7 +76,7 @@ def build_parser():
                    help="tc rates per rank link, or loopback (default: loopback 1gbit 10gbit)")
     p.add_argument("--models", nargs="+", default=["mlp5", "mlp30"], choices=step.MODEL_CHOICES,
                    help="default: mlp5 mlp30")
-    p.add_argument("--recipe", default=None, choices=step.RECIPE_NAMES,
+    p.add_argument("--recipe", default=None, type=step.recipe_spec,
                    help="torch: the optimizer of a training recipe instead of plain SGD (default none)")
     p.add_argument("--model", type=step.parse_size, default={}, metavar="KEY=INT,...",
                    help="the language model's size (--models stdlib_lm), as bench_tta's --model")

@@ -71,7 +71,7 @@ def build_parser():
     p.add_argument("--seconds", type=float, default=None, help="training-seconds budget per run")
     p.add_argument("--eval-every", type=int, default=20, help="steps between evaluations (default 20)")
     p.add_argument("--batch", type=int, default=None, help="batch per rank (default: the workload's)")
-    p.add_argument("--recipe", default=None, choices=tta.RECIPE_NAMES,
+    p.add_argument("--recipe", default=None, type=tta.recipe_spec,
                    help="optimizer and schedule (default: each workload's own)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
     p.add_argument("--model", default=None, metavar="KEY=INT,...",
@@ -378,7 +378,10 @@ def recipe_text(record):
     r = record.get("recipe") or {"name": "sgd", "lr": record.get("lr"), "momentum": record.get("momentum")}
     words = {"sgd": "SGD", "momentum": "SGD", "adamw": "AdamW",
              "adamw-exact": "horovod_sparse.torch.AdamW",
-             "adamw-exact-fp16": "horovod_sparse.torch.AdamW (exact steps in fp16)"}[r["name"]] + f" lr {r.get('lr')}"
+             # records made before recipes took options: adamw-exact:exact_compression=fp16
+             "adamw-exact-fp16": "horovod_sparse.torch.AdamW exact_compression=fp16"}[r["name"]]
+    words += "".join(f" {name}={value}" for name, value in r.get("options", ()))
+    words += f" lr {r.get('lr')}"
     if r.get("momentum"):
         words += f" momentum {r['momentum']}"
     if r.get("weight_decay"):

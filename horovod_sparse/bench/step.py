@@ -62,7 +62,7 @@ import time
 from horovod_sparse.models import MODELS, build_model  # stdlib only at import, like this module
 from horovod_sparse.workloads import NAMES as WORKLOADS  # likewise
 from horovod_sparse.workloads import parse_size
-from horovod_sparse.workloads.recipes import NAMES as RECIPE_NAMES
+from horovod_sparse.workloads.recipes import recipe_spec
 from horovod_sparse.workloads.recipes import recipe_for
 
 RATE_ENV = "HSP_NETEM_RATE"            # set by scripts/netem.py
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "all timed steps (default 1)")
     p.add_argument("--lr", type=float, default=None,
                    help=f"learning rate (default: plain SGD's {PLAIN_SGD_LR}, or the --recipe's own)")
-    p.add_argument("--recipe", default=None, choices=RECIPE_NAMES,
+    p.add_argument("--recipe", default=None, type=recipe_spec,
                    help="PyTorch only: the optimizer of a training recipe (horovod_sparse.workloads.recipes, "
                         "at the model's own rate, without its schedule), so that the step times the update "
                         "users run and auto's quality guard sees their optimizer (default: plain SGD)")

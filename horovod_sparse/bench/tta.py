@@ -71,7 +71,7 @@ from horovod_sparse.bench.step import (DRIVER_ENV, RATE_ENV, Bench, _link, _posi
                                        is_horovod_spec, link_bps)
 from horovod_sparse.workloads import NAMES  # stdlib only at import, like this module
 from horovod_sparse.workloads import parse_size
-from horovod_sparse.workloads.recipes import NAMES as RECIPE_NAMES
+from horovod_sparse.workloads.recipes import recipe_spec
 from horovod_sparse.workloads.recipes import recipe_for
 
 #: The peers, by the names this benchmark gives them.
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training-time budget per compressor (checked at each evaluation)")
     p.add_argument("--eval-every", type=_positive, default=20, help="steps between evaluations (default 20)")
     p.add_argument("--batch", type=_positive, default=None, help="batch per rank (default: the workload's)")
-    p.add_argument("--recipe", default=None, choices=RECIPE_NAMES,
+    p.add_argument("--recipe", default=None, type=recipe_spec,
                    help="optimizer and schedule (default: the workload's own; see horovod_sparse.workloads.recipes)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
     p.add_argument("--model", type=parse_size, default={}, metavar="KEY=INT,...",

@@ -20,13 +20,21 @@ learning rates in ``RECIPES`` and its default in ``RECIPE``):
 * ``adamw``: AdamW, weight decay 0.01, the same warm-up and cosine decay (the transformer
   recipe);
 * ``adamw-exact``: the same with :class:`horovod_sparse.torch.AdamW`, whose second moment is
-  updated on exact steps only (its default schedule), for the compressors under AdamW;
-* ``adamw-exact-fp16``: the same, its exact steps sent in fp16 (``exact_compression="fp16"``).
+  updated on exact steps only, for the compressors under AdamW: its default schedule, or the
+  one a spec names as compressors' specs do (``adamw-exact:exact_warmup=200,exact_compression=fp16``;
+  ``EXACT_OPTIONS``).
+
+    >>> recipe_for(None, "adamw-exact:exact_compression=fp16").options
+    (('exact_compression', 'fp16'),)
 """
 import math
 from dataclasses import asdict, dataclass, replace
 
-NAMES = ("sgd", "momentum", "adamw", "adamw-exact", "adamw-exact-fp16")
+from horovod_sparse.registry import parse_spec
+
+NAMES = ("sgd", "momentum", "adamw", "adamw-exact")
+#: the arguments of horovod_sparse.torch.AdamW an ``adamw-exact`` spec may set
+EXACT_OPTIONS = ("exact_warmup", "max_interval", "exact_compression", "variance_decay")
 #: compressors that apply the optimizer's momentum themselves: trained with momentum 0
 OWN_MOMENTUM = ("dgc", "signum")
 
@@ -43,16 +51,16 @@ class Recipe:
     weight_decay: float = 0.0
     warmup: float = 0.0
     decay: str = "constant"
+    options: tuple = ()  # (name, value) pairs for the optimizer: an ``adamw-exact`` spec's ``EXACT_OPTIONS``
 
     def optimizer(self, params):
         """The torch optimizer of this recipe over ``params``."""
         import torch
         if self.name == "adamw":
             return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
-        if self.name.startswith("adamw-exact"):
+        if self.name == "adamw-exact":
             from horovod_sparse.torch import AdamW
-            exact_compression = "fp16" if self.name == "adamw-exact-fp16" else "none"
-            return AdamW(params, lr=self.lr, weight_decay=self.weight_decay, exact_compression=exact_compression)
+            return AdamW(params, lr=self.lr, weight_decay=self.weight_decay, **dict(self.options))
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def lr_factor(self, step, total_steps):
@@ -92,13 +100,25 @@ RECIPES = {
 }
 
 
-def recipe_for(workload, name=None, lr=None):
-    """The recipe ``name`` (default: the workload's ``RECIPE``) with the workload's own rates
-    (its ``RECIPES``, where it sets them) and ``lr`` where given."""
-    name = name or getattr(workload, "RECIPE", "sgd")
+def recipe_spec(spec):
+    """``spec`` if it names a recipe (:func:`recipe_for`'s ``name``), else ValueError: an
+    ``argparse`` type, so that a bad ``--recipe`` fails before any rank starts."""
+    name, options = parse_spec(spec)
     if name not in NAMES:
-        raise ValueError(f"recipe must be one of {', '.join(NAMES)}, got {name!r}")
+        raise ValueError(f"recipe must be one of {', '.join(NAMES)}, got {spec!r}")
+    unknown = sorted(set(options) - set(EXACT_OPTIONS if name == "adamw-exact" else ()))
+    if unknown:
+        raise ValueError(f"recipe {spec!r}: {', '.join(unknown)} not among its options "
+                         f"({', '.join(EXACT_OPTIONS) if name == 'adamw-exact' else 'none'})")
+    return spec
+
+
+def recipe_for(workload, name=None, lr=None):
+    """The recipe ``name`` (default: the workload's ``RECIPE``; ``adamw-exact`` with options as
+    ``adamw-exact:max_interval=16``) with the workload's own rates (its ``RECIPES``, where it
+    sets them) and ``lr`` where given."""
+    name, options = parse_spec(recipe_spec(name or getattr(workload, "RECIPE", "sgd")))
     own = getattr(workload, "RECIPES", {})
-    if name.startswith("adamw-exact"):  # the workload's AdamW rates, the exact-step optimizer
-        return replace(own.get("adamw", RECIPES["adamw"]), name=name).with_lr(lr)
+    if name == "adamw-exact":  # the workload's AdamW rates, the exact-step optimizer
+        return replace(own.get("adamw", RECIPES["adamw"]), name=name, options=tuple(options.items())).with_lr(lr)
     return own.get(name, RECIPES[name]).with_lr(lr)

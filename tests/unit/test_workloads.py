@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from horovod_sparse import workloads
+from horovod_sparse.exact_steps import ExactSteps
 from horovod_sparse.workloads import digits_data, stdlib_text
 from horovod_sparse.workloads.byte_transformer import ByteTransformer
 from horovod_sparse.workloads.sharding import shard_indices
@@ -259,7 +260,17 @@ def test_the_exact_step_recipe_is_the_workloads_adamw_on_horovod_sparse_adamw():
     assert type(opt) is AdamW and opt.defaults["lr"] == 3e-4 and opt.defaults["weight_decay"] == 0.1
     assert type(plain.optimizer(torch.nn.Linear(3, 2).parameters())) is torch.optim.AdamW
     assert recipe_for(Workload, "adamw-exact", lr=1e-3).lr == 1e-3
-    assert opt.defaults["exact_compression"] == "none"
-    in_fp16 = recipe_for(Workload, "adamw-exact-fp16").optimizer(torch.nn.Linear(3, 2).parameters())
-    assert type(in_fp16) is AdamW and in_fp16.defaults["exact_compression"] == "fp16"
-    assert in_fp16.exact_schedule.compression == "fp16" and in_fp16.defaults["lr"] == 3e-4
+    assert opt.exact_schedule == ExactSteps() and opt.defaults["variance_decay"] == "per_step"
+    spec = "adamw-exact:exact_warmup=200,max_interval=16,exact_compression=fp16,variance_decay=per_update"
+    chosen = recipe_for(Workload, spec).optimizer(torch.nn.Linear(3, 2).parameters())
+    assert type(chosen) is AdamW and chosen.defaults["lr"] == 3e-4
+    assert chosen.exact_schedule == ExactSteps(200, 16, "fp16") and chosen.defaults["variance_decay"] == "per_update"
+
+
+@pytest.mark.parametrize("spec, named", [("adamw-exact:lr=1", "lr not among its options"),
+                                         ("adamw:exact_warmup=3", "exact_warmup not among its options"),
+                                         ("adamw-exactly", "recipe must be one of")])
+def test_a_recipe_spec_names_a_recipe_and_only_its_options(spec, named):
+    from horovod_sparse.workloads.recipes import recipe_for
+    with pytest.raises(ValueError, match=named):
+        recipe_for(None, spec)
