@@ -27,6 +27,7 @@ learning rates in ``RECIPES`` and its default in ``RECIPE``):
     >>> recipe_for(None, "adamw-exact:exact_compression=fp16").options
     (('exact_compression', 'fp16'),)
 """
+import argparse
 import math
 from dataclasses import asdict, dataclass, replace
 
@@ -101,23 +102,34 @@ RECIPES = {
 
 
 def recipe_spec(spec):
-    """``spec`` if it names a recipe (:func:`recipe_for`'s ``name``), else ValueError: an
-    ``argparse`` type, so that a bad ``--recipe`` fails before any rank starts."""
+    """``spec`` if it names a recipe (:func:`recipe_for`'s ``name``): an ``argparse`` type, so
+    that a bad ``--recipe`` fails before any rank starts, saying why (ArgumentTypeError)."""
+    try:
+        _parse_recipe(spec)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return spec
+
+
+def _parse_recipe(spec):
+    """``spec`` as ``(name, {option: value})``; ValueError where the name is not a recipe's or an
+    option not among its own (``adamw-exact``'s ``EXACT_OPTIONS``; the others take none)."""
     name, options = parse_spec(spec)
     if name not in NAMES:
         raise ValueError(f"recipe must be one of {', '.join(NAMES)}, got {spec!r}")
-    unknown = sorted(set(options) - set(EXACT_OPTIONS if name == "adamw-exact" else ()))
+    allowed = EXACT_OPTIONS if name == "adamw-exact" else ()
+    unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"recipe {spec!r}: {', '.join(unknown)} not among its options "
-                         f"({', '.join(EXACT_OPTIONS) if name == 'adamw-exact' else 'none'})")
-    return spec
+                         f"({', '.join(allowed) or 'none'})")
+    return name, options
 
 
 def recipe_for(workload, name=None, lr=None):
     """The recipe ``name`` (default: the workload's ``RECIPE``; ``adamw-exact`` with options as
     ``adamw-exact:max_interval=16``) with the workload's own rates (its ``RECIPES``, where it
     sets them) and ``lr`` where given."""
-    name, options = parse_spec(recipe_spec(name or getattr(workload, "RECIPE", "sgd")))
+    name, options = _parse_recipe(name or getattr(workload, "RECIPE", "sgd"))
     own = getattr(workload, "RECIPES", {})
     if name == "adamw-exact":  # the workload's AdamW rates, the exact-step optimizer
         return replace(own.get("adamw", RECIPES["adamw"]), name=name, options=tuple(options.items())).with_lr(lr)

@@ -271,6 +271,11 @@ def test_the_exact_step_recipe_is_the_workloads_adamw_on_horovod_sparse_adamw():
                                          ("adamw:exact_warmup=3", "exact_warmup not among its options"),
                                          ("adamw-exactly", "recipe must be one of")])
 def test_a_recipe_spec_names_a_recipe_and_only_its_options(spec, named):
-    from horovod_sparse.workloads.recipes import recipe_for
+    """recipe_for raises ValueError; --recipe's argparse type says the same reason."""
+    import argparse
+
+    from horovod_sparse.workloads.recipes import recipe_for, recipe_spec
     with pytest.raises(ValueError, match=named):
         recipe_for(None, spec)
+    with pytest.raises(argparse.ArgumentTypeError, match=named):
+        recipe_spec(spec)
