@@ -45,11 +45,12 @@ import numpy as np
 
 from horovod_sparse.ops import cpu
 from horovod_sparse.ops.cpu import sparsify as fused
-from horovod_sparse.ops.host import to_host
+from horovod_sparse.ops.host import to_host, to_list
 from horovod_sparse.ops.indices import compact, count_nonzero, take
 from horovod_sparse.ops.kernels import copy, mark_at_least, set_true_at
 from horovod_sparse.ops.magnitude import key_of, kth_largest, kth_largests, magnitude_keys, magnitude_of, smallest
-from horovod_sparse.ops.namespace import arange, empty, is_tensorflow, is_torch
+from horovod_sparse.ops.namespace import (arange, dtype_of, empty, host_shortcut_allowed, is_tensorflow, is_torch,
+                                         namespace, zeros)
 from horovod_sparse.ops.views import as_like, numpy_view
 from horovod_sparse.sparsify.device_topk import NO_FLOOR, SOURCES, device_top_k
 
@@ -357,15 +358,51 @@ def gaussian_threshold(mu, sigma, density):
 
 def sample_moments(acc, size=GAUSSIAN_SAMPLE):
     """(mean, standard deviation) in float64 of the finite entries of a strided sample of
-    at most ``size`` entries of ``acc`` (every ``ceil(n / size)``-th, from 0), computed on
-    the host so numpy and torch agree bit for bit. NaNs if none is finite."""
+    at most ``size`` entries of ``acc`` (every ``ceil(n / size)``-th, from 0), as Python floats;
+    NaNs if none is finite. Computed where ``acc`` lives (a torch tensor on the device path or a
+    GPU: one read-back of the two numbers, not the sample) by :func:`_tree_sum`, whose fixed
+    order of additions gives numpy's and torch's the same bits on any device."""
     n = int(acc.shape[0])
     stride = max(1, -(-n // size))
-    sample = to_host(acc[::stride]).astype(np.float64)
-    sample = sample[np.isfinite(sample)]
-    if sample.size == 0:
-        return math.nan, math.nan
-    return float(sample.mean()), float(sample.std())
+    sample = acc[::stride]
+    if is_torch(sample) and not host_shortcut_allowed(sample):
+        mean, variance = to_list(mean_and_variance(sample.to(dtype_of(sample, "float64"))))
+    else:
+        mean, variance = (float(v) for v in mean_and_variance(to_host(sample).astype(np.float64)))
+    return mean, math.sqrt(variance) if variance >= 0 else math.nan  # correctly rounded: torch's is not
+
+
+def mean_and_variance(sample):
+    """The mean and variance of a float64 sample's finite entries, as a 2-element float64 array
+    of its library and device, NaNs if none is finite: the sums (the count of finite entries too,
+    exact in float64) by :func:`_tree_sums`, the deviations squared as ``d * d``."""
+    xp = namespace(sample)
+    finite = xp.isfinite(sample)
+    zero = xp.zeros_like(sample)
+    values = xp.where(finite, sample, zero)
+    count, total = _tree_sums(xp, [xp.astype(finite, sample.dtype), values])
+    with np.errstate(invalid="ignore", divide="ignore"):  # none finite: 0 / 0
+        mean = total / count
+        deviation = xp.where(finite, values - mean, zero)
+        (squares,) = _tree_sums(xp, [deviation * deviation])
+        return xp.stack([mean, squares / count])
+
+
+def _tree_sums(xp, rows):
+    """The sums of 1-D float64 ``rows`` of one length, zero-padded to a power of two (zeros add
+    nothing, exactly): their halves added element-wise until one value is left, all rows at once
+    (one rounded add per pair, in an order fixed by the length, which no library's reduction
+    promises: numpy's is pairwise by blocks of 8, torch's vectorised on the CPU and a tree of
+    threads on a GPU)."""
+    m = int(rows[0].shape[0])
+    v = zeros(len(rows) << max(m - 1, 0).bit_length(), "float64", rows[0])
+    v = xp.reshape(v, (len(rows), -1))
+    for i, row in enumerate(rows):
+        v[i, :m] = row
+    while v.shape[1] > 1:
+        half = v.shape[1] // 2
+        v = v[:, :half] + v[:, half:]
+    return [v[i, 0] for i in range(len(rows))]
 
 
 # ----------------------------------------------------------------------------------- rules

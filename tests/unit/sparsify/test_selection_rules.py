@@ -106,6 +106,33 @@ def test_gaussian_threshold_matches_the_formula():
                                         0.1) == math.inf
 
 
+@pytest.mark.parametrize("kind", ["normal", "ties", "zeros", "denormals", "non-finite", "huge", "odd"])
+def test_sample_moments_on_the_device_path_are_the_hosts_bit_for_bit(kind):
+    """One read-back of two numbers instead of the sample crossing: the device's sums must be the
+    host's bits (the fixed-order tree sum), whatever the data, and close to numpy's own moments."""
+    rng = np.random.default_rng(3)
+    n = {"odd": 12_347}.get(kind, 50_000)
+    acc = rng.standard_normal(n).astype(np.float32)
+    if kind == "ties":
+        acc = np.round(acc * 4).astype(np.float32) / 4
+    elif kind == "zeros":
+        acc[rng.random(n) < 0.9] = 0
+    elif kind == "denormals":
+        acc *= np.float32(1e-41)
+    elif kind == "non-finite":
+        acc[::7] = np.nan
+        acc[::11] = -np.inf
+    elif kind == "huge":
+        acc *= np.float32(3e37)
+    host = selection.sample_moments(acc)
+    with cpu.device_path():
+        device = selection.sample_moments(torch.from_numpy(acc))
+    np.testing.assert_array_equal(np.array(device), np.array(host))
+    sample = acc[::math.ceil(n / selection.GAUSSIAN_SAMPLE)].astype(np.float64)
+    sample = sample[np.isfinite(sample)]
+    assert host == pytest.approx((sample.mean(), sample.std()), rel=1e-12, abs=1e-300)
+
+
 def check_count(indices, k, n):
     lower, upper = count_bounds(min(k, n))
     assert indices.dtype == np.int64
