@@ -115,7 +115,9 @@ def check_cuda(hvd):
     if not (hvd.cuda_built() or hvd.nccl_built()):
         return check("cuda", WARN, found + "; Horovod built without CUDA or NCCL: GPU tensors go through the host",
                      "rebuild Horovod with HOROVOD_GPU_OPERATIONS=NCCL")
-    return check("cuda", OK, found + f"; Horovod built with {'NCCL' if hvd.nccl_built() else 'CUDA'}")
+    from horovod_sparse.exchange.comm import cuda_payload_route
+    return check("cuda", OK, found + f"; Horovod built with {'NCCL' if hvd.nccl_built() else 'CUDA'}; "
+                 f"the exchanges' payloads go {cuda_payload_route()}")
 
 
 def check_versions(import_tensorflow=False):

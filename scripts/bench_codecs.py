@@ -32,10 +32,13 @@ out-of-band compressor, one steady training step through the stock ``hvd.Distrib
 under the device path (``HOROVOD_SPARSE_KERNELS=torch``: CPU tensors run the ops a CUDA tensor
 runs), at ``--count-tensors`` gradients of 32 x 32 floats each: the aten ops, host
 synchronisations and host transfers of ``compress`` + exchange + ``decompress`` on rank 0, and
-their growth per additional gradient (:mod:`horovod_sparse.bench.counts`).
+their growth per additional gradient (:mod:`horovod_sparse.bench.counts`). With
+``HOROVOD_SPARSE_DEVICE_BUFFERS=on`` the payloads go to MPI as device buffers where the exchange
+allows (what an MPI with CUDA support gets on a GPU): the last column counts them.
 
     .venv/bin/python scripts/bench_codecs.py --json results/codecs.json
     mpirun -np 2 .venv/bin/python scripts/bench_codecs.py --count
+    HOROVOD_SPARSE_DEVICE_BUFFERS=on mpirun -np 2 .venv/bin/python scripts/bench_codecs.py --count
     .venv/bin/python scripts/bench_codecs.py --frameworks torch tensorflow --update-md docs/results/benchmarks.md
     python3 scripts/bench_codecs.py --device cuda --json $OUT/codecs-cuda.json      # scripts/cuda_check.sh
 """
@@ -269,13 +272,14 @@ def count_table(counts, few, many):
     growth per additional one."""
     from horovod_sparse.bench.counts import growth
     lines = [f"| compressor | aten ops {few} / {many} | per tensor | not views, per tensor | host syncs {few} / {many} "
-             "| per tensor | transfers out (bytes) | transfers in (bytes) |", "|---|---:|---:|---:|---:|---:|---|---|"]
+             "| per tensor | transfers out (bytes) | transfers in (bytes) | handed to MPI out / in |",
+             "|---|---:|---:|---:|---:|---:|---|---|---|"]
     for spec, (low, high) in counts.items():
         more = growth(low, high, few, many)
         lines.append(f"| {spec} | {low['ops']} / {high['ops']} | {more['ops']:.1f} | {more['not_views']:.1f} | {low['syncs']} / "
                      f"{high['syncs']} | {more['syncs']:.2f} | {low['transfers_out']} ({low['bytes_out']}) / "
                      f"{high['transfers_out']} ({high['bytes_out']}) | {low['transfers_in']} ({low['bytes_in']}) / "
-                     f"{high['transfers_in']} ({high['bytes_in']}) |")
+                     f"{high['transfers_in']} ({high['bytes_in']}) | {low['handed_out']} / {low['handed_in']} |")
     return "\n".join(lines) + "\n"
 
 

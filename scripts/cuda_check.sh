@@ -118,9 +118,9 @@ print(" ".join(missing))' 2>/dev/null) || missing="python ($PY did not run)"
         return 1
     fi
 
-    echo "== unit: tests/unit/test_cuda_pipelines.py, test_device_path.py, quantize/test_powersgd_batched.py (at most ${UNIT_SECONDS}s)"
+    echo "== unit: tests/unit/test_cuda_pipelines.py, test_device_path.py, test_device_buffers.py, quantize/test_powersgd_batched.py (at most ${UNIT_SECONDS}s)"
     local t0=$SECONDS rc
-    timeout -k 15 "$UNIT_SECONDS" "$PY" -m pytest tests/unit/test_cuda_pipelines.py tests/unit/test_device_path.py tests/unit/quantize/test_powersgd_batched.py -q -rs --color=no \
+    timeout -k 15 "$UNIT_SECONDS" "$PY" -m pytest tests/unit/test_cuda_pipelines.py tests/unit/test_device_path.py tests/unit/test_device_buffers.py tests/unit/quantize/test_powersgd_batched.py -q -rs --color=no \
         --junitxml="$RESULTS/unit-cuda.xml"
     rc=$?
     echo "-- unit: exit $rc after $((SECONDS - t0))s"

@@ -14,7 +14,21 @@ volume of a documented reference algorithm, the one the papers' cost models use:
   rank sends and receives ``2 * (total - own chunk)`` bytes in ``2(P-1)`` messages.
 
 At P = 1 every collective counts zero. What is counted adds up in a :class:`Traffic`.
+
+Device buffers.  Where MPI can read and write device memory (an Open MPI built with CUDA:
+``MPIX_Query_cuda_support()`` says so), a CUDA tensor's payload is handed to mpi4py as it is
+(mpi4py takes it through DLPack or ``__cuda_array_interface__``), instead of crossing to the
+host and back: :meth:`CountingComm.takes_device_buffer` decides, :func:`horovod_sparse.ops.host.to_wire`
+hands it over, and the collectives allocate what they receive beside it.
+``HOROVOD_SPARSE_DEVICE_BUFFERS`` (:data:`DEVICE_BUFFERS_CHOICES`) overrides the query: ``off``
+never, ``on`` always, for an MPI whose CUDA support the query cannot see (one without
+``MPIX_Query_cuda_support``) and for CPU tensors on the device path
+(``HOROVOD_SPARSE_KERNELS=torch``), whose memory mpi4py then takes as it would a GPU's: how the
+CPU runs this path.
 """
+import ctypes
+import functools
+import os
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -76,10 +90,59 @@ class Traffic:
         return self.payload_bytes_sent + self.payload_bytes_received
 
 
+#: the environment variable that chooses whether device buffers go to MPI as they are
+DEVICE_BUFFERS_ENV = "HOROVOD_SPARSE_DEVICE_BUFFERS"
+#: "auto": CUDA tensors where MPI reports CUDA support; "on": every torch tensor that would
+#: cross to the host; "off": none
+DEVICE_BUFFERS_CHOICES = ("auto", "on", "off")
+
+
+def device_buffers_chosen():
+    """The choice in force (one of :data:`DEVICE_BUFFERS_CHOICES`), read from the environment
+    at each call: a ValueError names the variable and the choices for anything else."""
+    choice = os.environ.get(DEVICE_BUFFERS_ENV, "auto").strip().lower() or "auto"
+    if choice not in DEVICE_BUFFERS_CHOICES:
+        raise ValueError(f"{DEVICE_BUFFERS_ENV} must be one of {list(DEVICE_BUFFERS_CHOICES)}, got {choice!r}")
+    return choice
+
+
+@functools.cache
+def mpi_reports_cuda_support():
+    """Whether the MPI library mpi4py loaded says it reads and writes CUDA memory
+    (Open MPI's ``MPIX_Query_cuda_support()``, a runtime answer: a CUDA build run without
+    CUDA says no). False where the library has no such query."""
+    query = getattr(ctypes.CDLL(None), "MPIX_Query_cuda_support", None)  # mpi4py loaded libmpi globally
+    if query is None:
+        return False
+    query.restype = ctypes.c_int
+    return bool(query())
+
+
+def cuda_payload_route():
+    """How a CUDA tensor's payload reaches mpi4py, in words (for ``horovod-sparse doctor``)."""
+    choice = device_buffers_chosen()
+    if choice == "on" or (choice == "auto" and mpi_reports_cuda_support()):
+        return f"handed to MPI as device buffers ({DEVICE_BUFFERS_ENV}={choice})"
+    why = "this MPI reports no CUDA support" if choice == "auto" else f"{DEVICE_BUFFERS_ENV}=off"
+    return f"through pinned host memory ({why})"
+
+
+def _is_tensor(array):
+    return not isinstance(array, np.ndarray) and hasattr(array, "__dlpack__")
+
+
 def _mpi_buffer(array):
-    """A contiguous numpy array as an MPI buffer (mpi4py reads its datatype from the
-    buffer protocol - the uppercase, zero-copy path; nothing is ever pickled)."""
-    return np.ascontiguousarray(array)
+    """A contiguous buffer for MPI: a numpy array (mpi4py reads its datatype from the buffer
+    protocol - the uppercase, zero-copy path; nothing is ever pickled), or a torch tensor
+    handed over as it is (:meth:`CountingComm.takes_device_buffer`; mpi4py reads it through DLPack)."""
+    return array if _is_tensor(array) else np.ascontiguousarray(array)
+
+
+def _empty_like(array, n):
+    """A 1-D receive buffer of ``n`` elements of ``array``'s dtype, beside it (a tensor's device)."""
+    if _is_tensor(array):
+        return array.new_empty(n)
+    return np.empty(n, dtype=array.dtype)
 
 
 class CountingComm(ClosesOnExit):
@@ -121,6 +184,15 @@ class CountingComm(ClosesOnExit):
         """Whether the communicator carries point-to-point messages (not Horovod's collectives:
         :mod:`horovod_sparse.horovod_collectives`)."""
         return getattr(self._comm, "point_to_point", True)
+
+    def takes_device_buffer(self, x):
+        """Whether ``x`` (a torch tensor about to cross to the host for MPI) goes to MPI as it
+        is instead: over MPI (not Horovod's collectives), CUDA tensors where MPI reports CUDA
+        support, or as :data:`DEVICE_BUFFERS_ENV` says (module docstring)."""
+        choice = device_buffers_chosen()
+        if choice == "off" or not self.point_to_point:
+            return False
+        return choice == "on" or (x.is_cuda and mpi_reports_cuda_support())
 
     # ---------------------------------------------------------- point-to-point
     def isend(self, buf, dest, tag, control=False):
@@ -164,14 +236,13 @@ class CountingComm(ClosesOnExit):
         """
         counts = [int(c) for c in counts]
         total = sum(counts)
-        recvbuf = np.empty(total, dtype=sendbuf.dtype)
+        recvbuf = _empty_like(sendbuf, total)
         peers = self.size - 1
         own = sendbuf.nbytes
         self._count(own * peers, (total - counts[self.rank]) * sendbuf.itemsize,
                     peers, peers, control)
         displs = np.concatenate(([0], np.cumsum(counts[:-1], dtype=np.int64))).tolist()
-        self._comm.Allgatherv(_mpi_buffer(np.ascontiguousarray(sendbuf)),
-                              [recvbuf, (counts, displs)])
+        self._comm.Allgatherv(_mpi_buffer(sendbuf), [recvbuf, (counts, displs)])
         return recvbuf
 
     def allgatherv_pairs(self, indices, values, counts, contiguous=True):
@@ -215,8 +286,8 @@ class CountingComm(ClosesOnExit):
         """
         send_counts = [int(c) for c in send_counts]
         recv_counts = [int(c) for c in recv_counts]
-        sendbuf = np.ascontiguousarray(sendbuf)
-        recvbuf = np.empty(sum(recv_counts), dtype=sendbuf.dtype)
+        sendbuf = _mpi_buffer(sendbuf)
+        recvbuf = _empty_like(sendbuf, sum(recv_counts))
         me, peers, item = self.rank, self.size - 1, sendbuf.itemsize
         self._count((sum(send_counts) - send_counts[me]) * item,
                     (sum(recv_counts) - recv_counts[me]) * item, peers, peers, control)
@@ -226,14 +297,18 @@ class CountingComm(ClosesOnExit):
                              [recvbuf, (recv_counts, recv_displs)])
         return recvbuf
 
-    def allreduce(self, sendbuf, recvbuf, op=MPI.SUM, control=False):
-        """Element-wise reduction of ``sendbuf`` over ranks into ``recvbuf`` (ring model)."""
+    def allreduce(self, sendbuf, recvbuf=None, op=MPI.SUM, control=False):
+        """Element-wise reduction of ``sendbuf`` over ranks into ``recvbuf`` (ring model; a new
+        buffer beside ``sendbuf`` if None), which it returns."""
         P = self.size
-        nelem = sendbuf.size
+        nelem = sendbuf.nbytes // sendbuf.itemsize
+        if recvbuf is None:
+            recvbuf = _empty_like(sendbuf, nelem)
         own_chunk = ((self.rank + 1) * nelem) // P - (self.rank * nelem) // P
         moved = 2 * (nelem - own_chunk) * sendbuf.itemsize if P > 1 else 0
         self._count(moved, moved, 2 * (P - 1), 2 * (P - 1), control)
         self._comm.Allreduce(_mpi_buffer(sendbuf), _mpi_buffer(recvbuf), op=op)
+        return recvbuf
 
     # ----------------------------------------------------------------- closing
     def close(self):

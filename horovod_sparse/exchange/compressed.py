@@ -282,7 +282,7 @@ class CompressedAllreduce(CountedExchange):
                                     None if own is None else own[b[j]:b[j + 1]])
         self._last_codes = (codes, x)
         mine = self.chunk_nbytes[rank]
-        received = host.from_host(self._comm.alltoallv(host.to_host(codes), self.chunk_nbytes,
+        received = host.from_wire(self._comm.alltoallv(host.to_wire(codes, self._comm), self.chunk_nbytes,
                                                        [mine] * P), x)
         # 2. the owner's sum of the P decoded pieces of its chunk
         total = self._sum_pieces(received, own_chunk, x)
@@ -294,7 +294,7 @@ class CompressedAllreduce(CountedExchange):
         codec.encode(acc, derive_seed(seed, P + rank, rank), out=code, decoded=out[b[rank]:b[rank + 1]],
                      **({} if fused is None else {"residual": acc}))
         # 4. every chunk's code to every rank; decode the others' chunks
-        gathered = host.from_host(self._comm.allgatherv(host.to_host(code), self.chunk_nbytes), x)
+        gathered = host.from_wire(self._comm.allgatherv(host.to_wire(code, self._comm), self.chunk_nbytes), x)
         if fused is None:
             self._server.commit_minus(acc, out[b[rank]:b[rank + 1]])
         else:
@@ -324,12 +324,12 @@ class CompressedAllreduce(CountedExchange):
         tf, P, rank, codec = sys.modules["tensorflow"], self.size, self.rank, self.codec
         codes, own = self._encode_chunks(x, seed, lambda j: want_own or j == rank)
         mine = self.chunk_nbytes[rank]
-        received = host.from_host(self._comm.alltoallv(host.to_host(codes), self.chunk_nbytes,
+        received = host.from_wire(self._comm.alltoallv(host.to_wire(codes, self._comm), self.chunk_nbytes,
                                                        [mine] * P), x)
         total = self._sum_pieces(received, own[rank], x)
         acc = self._server.accumulate(total)
         code, result = codec.encode_decoded(acc, derive_seed(seed, P + rank, rank))
-        gathered = host.from_host(self._comm.allgatherv(host.to_host(code), self.chunk_nbytes), x)
+        gathered = host.from_wire(self._comm.allgatherv(host.to_wire(code, self._comm), self.chunk_nbytes), x)
         self._server.commit_minus(acc, result)
         out = tf.concat([result if j == rank else codec.decode(self._code(gathered, j), self.chunk_sizes[j])
                          for j in range(P)], 0)
@@ -363,8 +363,8 @@ class CompressedAllreduce(CountedExchange):
         codes = self._encode_chunks(x, seed, lambda j: None if own is None else own[b[j]:b[j + 1]])
         self._last_codes = (codes, x)
         whole = self._code_offsets[-1]
-        gathered = self._comm.allgatherv(host.to_host(codes), [whole, whole])
-        peer = host.from_host(gathered[(1 - rank) * whole:(2 - rank) * whole], x)  # only the peer's
+        gathered = self._comm.allgatherv(host.to_wire(codes, self._comm), [whole, whole])
+        peer = host.from_wire(gathered[(1 - rank) * whole:(2 - rank) * whole], x)  # only the peer's
         out = self._result(x)
         if sum_codes:
             first, second = (codes, peer) if rank == 0 else (peer, codes)  # rank order
@@ -393,8 +393,8 @@ class CompressedAllreduce(CountedExchange):
         tf, rank, codec = sys.modules["tensorflow"], self.rank, self.codec
         codes, own = self._encode_chunks(x, seed, lambda j: want_own or vote_of_two is None)
         whole = self._code_offsets[-1]
-        gathered = self._comm.allgatherv(host.to_host(codes), [whole, whole])
-        peer = host.from_host(gathered[(1 - rank) * whole:(2 - rank) * whole], x)
+        gathered = self._comm.allgatherv(host.to_wire(codes, self._comm), [whole, whole])
+        peer = host.from_wire(gathered[(1 - rank) * whole:(2 - rank) * whole], x)
         if vote_of_two is not None:
             voted = vote_of_two(codes, peer, out=None)
             out = tf.concat([codec.decode(self._code(voted, j), self.chunk_sizes[j]) for j in range(2)], 0)
@@ -437,7 +437,7 @@ class CompressedAllreduce(CountedExchange):
         size = codec.nbytes(n)
         if namespace.is_tensorflow(x):  # new tensors: decoded and added in rank order from the first
             code, own = codec.encode_decoded(x, derive_seed(seed, rank))
-            gathered = host.from_host(self._comm.allgatherv(host.to_host(code), [size] * P), x)
+            gathered = host.from_wire(self._comm.allgatherv(host.to_wire(code, self._comm), [size] * P), x)
             out = None
             for r in range(P):
                 piece = own if r == rank else codec.decode(gathered[r * size:(r + 1) * size], n)
@@ -448,7 +448,7 @@ class CompressedAllreduce(CountedExchange):
         codec.encode(x, derive_seed(seed, rank), out=code, decoded=own,
                      **({} if self._residual is None else {"residual": self._residual}))
         self._last_codes = (code, x)
-        gathered = host.from_host(self._comm.allgatherv(host.to_host(code), [size] * P), x)
+        gathered = host.from_wire(self._comm.allgatherv(host.to_wire(code, self._comm), [size] * P), x)
         out = self._result(x)
         for r in range(P):
             if r == 0:

@@ -54,14 +54,15 @@ class PlainSumPipeline(Pipeline):
             raise ValueError(f"the gradient has {g.shape[0]} elements, this pipeline sums {self.n}")
         before = self.traffic
         # another gradient of this rank's step overflowed: a NaN contribution tells every rank
-        sent = host.to_host(g) if finite else np.full(self.n, np.nan, np.float32)
-        self.comm.allreduce(sent, self._sum)
-        if not all_finite(self._sum):  # the same sum, so the same answer, on every rank
+        sent = host.to_wire(g, self.comm) if finite else np.full(self.n, np.nan, np.float32)
+        # into this pipeline's host buffer, or beside a device buffer handed over as it is
+        total = self.comm.allreduce(sent, self._sum if isinstance(sent, np.ndarray) else None)
+        if not all_finite(total):  # the same sum, so the same answer, on every rank
             raise NonFiniteGradientError("dense sum skipped on every rank: a gradient holds inf or NaN "
                                          "(a loss scaler's overflow?); no state changed")
         self.last = PlainSumStepInfo(self.step_count, self.traffic - before)
         self.step_count += 1
-        return host.from_host(self._sum, g)
+        return host.from_wire(total, g)
 
     def _identity(self):
         return {"n": self.n}  # no format number: its saved states never had one

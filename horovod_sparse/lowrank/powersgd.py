@@ -412,10 +412,10 @@ class PowerSGDPipeline(Pipeline):
         p_local = self._products(lib, m, start, send, project)
         dense = _gather_dense(plan, m, _part(send, slice(plan.p_size, None)), ws.dense_positions)
         send = _joined(ws.send, p_local + [dense], acc)
-        p_summed = self._allreduce(host.to_host(send), ws.p_summed)
+        p_summed = self._summed(send, ws.p_summed)
 
         if _batches(lib):                                                           # step 4
-            summed = host.from_host(p_summed, acc)  # one transfer: the P sums, the dense sum
+            summed = host.from_wire(p_summed, acc)  # one transfer (none if handed): the P sums, the dense sum
             basis, dense_sum = self._orthonormalized(lib, summed[:plan.p_size], "p"), summed[plan.p_size:]
         else:
             for block, p_span, _ in self._spans:
@@ -425,13 +425,16 @@ class PowerSGDPipeline(Pipeline):
 
         q_send = kernel(ws.q_send)                                                  # step 5
         q_local = _joined(ws.q_send, self._products(lib, m, kernel(basis), q_send, back_project), acc)
-        q_summed = self._allreduce(host.to_host(q_local), ws.q_summed)
+        q_wired = self._summed(q_local, ws.q_summed)
+        # the warm-start Q's stay on the host (checkpoints, a zero column's redraw): a Q sum
+        # handed to MPI as a device buffer comes down once
+        q_summed = q_wired if isinstance(q_wired, np.ndarray) else host.to_host(q_wired)
         next_q = [q_summed[q_span].reshape(block.cols, block.rank) for block, _, q_span in self._spans]
         # step 2, ahead: this step's start Q's are used, their buffer takes the next step's (on
         # the host's path the start kept ahead may be that buffer: forgotten until the step ends)
         self._start_ahead = None
         if self._starts_on_device(lib, q_summed):  # orthonormalised where they are used, from the Q sum
-            q_sum = host.from_host(q_summed, acc)  # one transfer
+            q_sum = host.from_wire(q_wired, acc)  # one transfer (none if handed)
             next_start = self._orthonormalized(lib, namespace.copy_of(q_sum), "q")
         else:
             next_start = self._starts(self.step_count + 1, next_q, ws.start)
@@ -566,11 +569,17 @@ class PowerSGDPipeline(Pipeline):
                         + _scatter_dense(self.plan, dense, kept, ws.dense_positions))
 
     def _allreduce(self, send, out):
-        """Sum ``send`` over ranks (float32) into ``out``; skipped when empty (every rank has
-        the same plan)."""
-        if send.size:
-            self._comm.allreduce(send, out)
-        return out
+        """Sum ``send`` over ranks (float32) into ``out`` (a new buffer beside ``send`` if None);
+        skipped when empty (every rank has the same plan)."""
+        if send.shape[0]:
+            return self._comm.allreduce(send, out)
+        return send if out is None else out
+
+    def _summed(self, send, host_buffer):
+        """:meth:`_allreduce` of a step's factors: into ``host_buffer`` where they cross to the
+        host, else beside them, a device buffer handed to MPI as it is (:func:`~horovod_sparse.ops.host.to_wire`)."""
+        wired = host.to_wire(send, self._comm)
+        return self._allreduce(wired, host_buffer if isinstance(wired, np.ndarray) else None)
 
     # ------------------------------------------------------------ checkpoints
     def _identity(self):

@@ -96,8 +96,10 @@ class DeviceCounts:
         return sum(self.sync_ops.values()) + self.host["reads"]
 
     def summary(self):
-        """``{"ops", "not_views", "syncs", "transfers_out", "bytes_out", "transfers_in", "bytes_in"}``
-        (``not_views``: the ops that are not views, the ones that can launch a kernel)."""
+        """``{"ops", "not_views", "syncs", "transfers_out", "bytes_out", "transfers_in", "bytes_in",
+        "handed_out", "handed_in"}`` (``not_views``: the ops that are not views, the ones that can
+        launch a kernel; ``handed_*``: device buffers given to MPI as they are, and received)."""
         ops = sum(self.ops.values())
         return {"ops": ops, "not_views": ops - sum(self.views.values()), "syncs": self.syncs(),
-                **{key: self.host[key] for key in ("transfers_out", "bytes_out", "transfers_in", "bytes_in")}}
+                **{key: self.host[key] for key in ("transfers_out", "bytes_out", "transfers_in", "bytes_in",
+                                                   "handed_out", "handed_in")}}

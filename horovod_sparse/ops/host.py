@@ -14,6 +14,11 @@ buffer on the side they leave, and hand out views on the other. A CUDA tensor cr
 pinned host memory (torch's caching host allocator reuses the blocks from step to step) with an
 asynchronous copy: one wait on the way out, none on the way in.
 
+Where the transport takes device memory (MPI with CUDA support:
+:meth:`horovod_sparse.exchange.comm.CountingComm.takes_device_buffer`), nothing crosses:
+:func:`to_wire` hands the tensor itself to mpi4py and :func:`from_wire` takes back what the
+collective wrote beside it, counted as handed (``handed_out``, ``handed_in``), not as transfers.
+
 Example::
 
     HOST_TRAFFIC.reset()
@@ -37,6 +42,7 @@ class HostTraffic:
     def reset(self):
         self.bytes_out, self.bytes_in, self.largest = 0, 0, 0
         self.transfers_out, self.transfers_in, self.reads = 0, 0, 0
+        self.handed_out, self.handed_in = 0, 0  # device buffers given to MPI, received from it
 
     @property
     def bytes(self):
@@ -54,7 +60,8 @@ class HostTraffic:
     def snapshot(self):
         """The counters now, as a dict (a step's are the difference of two)."""
         return {"transfers_out": self.transfers_out, "bytes_out": self.bytes_out,
-                "transfers_in": self.transfers_in, "bytes_in": self.bytes_in, "reads": self.reads}
+                "transfers_in": self.transfers_in, "bytes_in": self.bytes_in, "reads": self.reads,
+                "handed_out": self.handed_out, "handed_in": self.handed_in}
 
 
 #: what left and re-entered torch through :func:`to_host` / :func:`from_host`
@@ -75,6 +82,31 @@ def to_host(x):
     if x.is_cuda:
         return _pinned_copy_of(x)
     return x.contiguous().cpu().numpy()
+
+
+def to_wire(x, comm):
+    """What mpi4py is handed to send ``x`` over ``comm`` (a
+    :class:`~horovod_sparse.exchange.comm.CountingComm`): the tensor itself, contiguous, where
+    the transport takes device buffers (counted as handed; a CUDA tensor once its stream has
+    finished writing it, since MPI reads it on none of torch's streams), else :func:`to_host`'s
+    host array."""
+    if not is_torch(x) or host_shortcut_allowed(x) or not comm.takes_device_buffer(x):
+        return to_host(x)
+    x = x.detach().contiguous()
+    HOST_TRAFFIC.handed_out += 1
+    if x.is_cuda:
+        sys.modules["torch"].cuda.current_stream(x.device).synchronize()
+    return x
+
+
+def from_wire(a, like):
+    """What a collective returned, in ``like``'s library and device: a tensor the transport
+    wrote beside a handed buffer (:func:`to_wire`) as it is, counted as handed; a host array
+    as :func:`from_host` brings it back."""
+    if is_torch(a):
+        HOST_TRAFFIC.handed_in += 1
+        return a
+    return from_host(a, like)
 
 
 def to_host_packed(*xs):

@@ -12,7 +12,9 @@ identical on every rank.
 
 The ``cpu-device-path`` case runs CPU tensors through the code a CUDA tensor runs
 (``HOROVOD_SPARSE_KERNELS=torch``: torch's own ops, the packed host crossings, PowerSGD's
-batched products), at P = 2 and 3. The ``cuda`` case runs where ``torch.cuda.is_available()`` and Horovod was built with CUDA
+batched products), at P = 2 and 3; ``cpu-device-buffers`` does too, its payloads handed to
+mpi4py as they are (``HOROVOD_SPARSE_DEVICE_BUFFERS=on``), as a GPU's go to an MPI with CUDA
+support. The ``cuda`` case runs where ``torch.cuda.is_available()`` and Horovod was built with CUDA
 (``hvd.cuda_built()``): a Horovod built without it (the CPU build of scripts/build_horovod.sh)
 refuses CUDA tensors in its own allreduce ("Requested ReadyEvent with GPU device but not
 compiled with CUDA"), so the case is skipped there with that reason. A Horovod with NCCL needs
@@ -32,6 +34,7 @@ import torch
 from torch import nn
 
 import horovod_sparse
+from horovod_sparse.exchange.comm import DEVICE_BUFFERS_ENV
 from horovod_sparse.layout import GradientLayout
 from horovod_sparse.ops import cpu
 
@@ -58,6 +61,9 @@ def _cuda_reason():
 DEVICES = [pytest.param("cpu", id="cpu"),
            # CPU tensors through the code a CUDA tensor runs (HOROVOD_SPARSE_KERNELS=torch), at 2 and 3
            pytest.param("cpu-device-path", id="cpu-device-path", marks=pytest.mark.world_sizes(2, 3)),
+           # and with the payloads handed to mpi4py as they are (HOROVOD_SPARSE_DEVICE_BUFFERS=on),
+           # as a GPU's go to an MPI with CUDA support
+           pytest.param("cpu-device-buffers", id="cpu-device-buffers", marks=pytest.mark.world_sizes(2, 3)),
            pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda,
                                                   pytest.mark.skipif(_cuda_reason() is not None,
                                                                      reason=str(_cuda_reason()))])]
@@ -109,8 +115,10 @@ class Oracle:
 @pytest.mark.parametrize("spec", SPECS)
 def test_training_matches_the_oracle_and_replicas_stay_identical(spec, device, comm,
                                                                  assert_identical_across_ranks, monkeypatch):
-    if device == "cpu-device-path":
+    if device in ("cpu-device-path", "cpu-device-buffers"):
         monkeypatch.setenv(cpu.KERNELS_ENV, "torch")  # the oracle's numpy arrays keep numpy's path
+    if device == "cpu-device-buffers":
+        monkeypatch.setenv(DEVICE_BUFFERS_ENV, "on")
     where = device_of(device)
     model = make_model(where)
     compression = hvds.Compression.from_spec(spec, dense_below=0)
