@@ -247,6 +247,9 @@ class PowerSGDPipeline(Pipeline):
         self.world_rank, self.world_size = self._comm.rank, self._comm.size
         self._memory = ErrorFeedback(self.n, self.error_feedback)
         self._q = [self._draw(i, 0) for i in range(len(self.plan.matrices))]
+        # the last Q sum where it was handed to MPI as a device buffer, newer than _q: the host
+        # reads it only when it must (_warm_start_qs), so that a step crosses nothing
+        self._q_sum_on_device = None
         # the next step's start Q's, already where its gradient lives: a step uploads them with
         # its Q sum (one transfer fewer); ((step, where), start), None when nothing is ahead
         self._start_ahead = None
@@ -262,7 +265,16 @@ class PowerSGDPipeline(Pipeline):
     @property
     def q_matrices(self):
         """The Q of every compressed matrix the next step starts from (float32 numpy, cols x r)."""
-        return list(self._q)
+        return list(self._warm_start_qs())
+
+    def _warm_start_qs(self):
+        """The warm-start Q's on the host (float32 numpy, cols x r each), brought down first if
+        the last step left its Q sum on the device."""
+        if self._q_sum_on_device is not None:
+            q_sum = host.to_host(self._q_sum_on_device)
+            self._q = [q_sum[q_span].reshape(block.cols, block.rank).copy() for block, _, q_span in self._spans]
+            self._q_sum_on_device = None
+        return self._q
 
     def _draw(self, index, step):
         block = self.plan.matrices[index]
@@ -292,11 +304,12 @@ class PowerSGDPipeline(Pipeline):
             return self._start_ahead[1]
         lib = library(self._kernel(acc))  # numpy's on a CPU tensor that takes numpy's kernels
         q_flat = ws.q_summed  # the warm-start Q's as a Q sum arrives: in factor order
-        for (_, _, q_span), q in zip(self._spans, self._q):
+        qs = self._warm_start_qs()
+        for (_, _, q_span), q in zip(self._spans, qs):
             q_flat[q_span] = q.ravel()
         if self._starts_on_device(lib, q_flat):  # as a step ahead makes them from its Q sum
             return self._orthonormalized(lib, namespace.copy_of(host.from_host(q_flat, acc)), "q")
-        return host.from_host(self._starts(self.step_count, self._q, ws.start), acc)
+        return host.from_host(self._starts(self.step_count, qs, ws.start), acc)
 
     def _starts_on_device(self, lib, q_flat):
         """Whether step 2's start Q's are orthonormalised on the device (torch's own ops, from the
@@ -307,6 +320,14 @@ class PowerSGDPipeline(Pipeline):
             return False
         return not any(np.any(np.all(_factor(q_flat, q_span, block.cols) == 0, axis=0))
                        for block, _, q_span in self._spans)
+
+    def _zero_column(self, lib, q_sum):
+        """Whether a Q in the flat device buffer ``q_sum`` (factor order) has a zero column, which
+        :meth:`_start_q` would redraw on the host: one read-back, per run of one shape, none per
+        gradient."""
+        found = [(batched.factor(q_sum, run.q, run, run.cols) == 0).all(1).any() for run in self._runs]
+        found += [(_factor(q_sum, q_span, block.cols) == 0).all(0).any() for block, _, q_span in self._unbatched]
+        return bool(host.to_list(lib.stack(found).any())) if found else False
 
     def _orthonormalized(self, lib, flat, which):
         """Step 4's or step 2's Gram-Schmidt on the device: the P's (``which`` "p") or Q's ("q")
@@ -425,20 +446,24 @@ class PowerSGDPipeline(Pipeline):
 
         q_send = kernel(ws.q_send)                                                  # step 5
         q_local = _joined(ws.q_send, self._products(lib, m, kernel(basis), q_send, back_project), acc)
-        q_wired = self._summed(q_local, ws.q_summed)
-        # the warm-start Q's stay on the host (checkpoints, a zero column's redraw): a Q sum
-        # handed to MPI as a device buffer comes down once
-        q_summed = q_wired if isinstance(q_wired, np.ndarray) else host.to_host(q_wired)
-        next_q = [q_summed[q_span].reshape(block.cols, block.rank) for block, _, q_span in self._spans]
+        q_summed = self._summed(q_local, ws.q_summed)
         # step 2, ahead: this step's start Q's are used, their buffer takes the next step's (on
         # the host's path the start kept ahead may be that buffer: forgotten until the step ends)
         self._start_ahead = None
-        if self._starts_on_device(lib, q_summed):  # orthonormalised where they are used, from the Q sum
-            q_sum = host.from_wire(q_wired, acc)  # one transfer (none if handed)
+        if not isinstance(q_summed, np.ndarray) and self.warm_start and not self._zero_column(lib, q_summed):
+            # handed to MPI as a device buffer: the Q sum stays there, read by the host only if
+            # it must (a checkpoint, a restart: _warm_start_qs)
+            q_sum, next_q = host.from_wire(q_summed, acc), None
             next_start = self._orthonormalized(lib, namespace.copy_of(q_sum), "q")
         else:
-            next_start = self._starts(self.step_count + 1, next_q, ws.start)
-            q_sum, next_start = host.from_host_packed((q_summed, next_start), acc)  # one transfer
+            q_summed = host.to_host(q_summed)  # (a host array as it is)
+            next_q = [q_summed[q_span].reshape(block.cols, block.rank) for block, _, q_span in self._spans]
+            if self._starts_on_device(lib, q_summed):  # orthonormalised where they are used, from the Q sum
+                q_sum = host.from_host(q_summed, acc)  # one transfer
+                next_start = self._orthonormalized(lib, namespace.copy_of(q_sum), "q")
+            else:
+                next_start = self._starts(self.step_count + 1, next_q, ws.start)
+                q_sum, next_start = host.from_host_packed((q_summed, next_start), acc)  # one transfer
 
         # Step 6 in the buffer's own library: element-wise work, where torch's CPU kernels
         # beat numpy's broadcasting ones (4096 x 2048 outer product: 1 vs 4 ms).
@@ -455,7 +480,8 @@ class PowerSGDPipeline(Pipeline):
                 acc = _spliced(acc, self._expand(acc, basis, q_local, ws, subtract=True))
             self._memory.commit_cleared(acc, ws.dense_positions)
         if self.warm_start:
-            self._q = [q.copy() for q in next_q]
+            self._q, self._q_sum_on_device = ((self._q, q_sum) if next_q is None
+                                              else ([q.copy() for q in next_q], None))
         self._start_ahead = (_place(self.step_count + 1, acc), next_start)
         self.last = PowerSGDStepInfo(self.step_count, self._comm.traffic - before, len(plan.matrices),
                                      lambda: self._kept(ws, *factors))
@@ -590,14 +616,14 @@ class PowerSGDPipeline(Pipeline):
         """The call counter, the residual (empty without error feedback), the warm-start Q's."""
         residual = self._memory.state_dict()["residual"] if self.error_feedback else np.empty(0, np.float32)
         d = {"calls": self._calls, "residual": residual}
-        d.update({f"q_{i}": q.copy() for i, q in enumerate(self._q)})
+        d.update({f"q_{i}": q.copy() for i, q in enumerate(self._warm_start_qs())})
         return d
 
     def _load_own_state(self, state):
         qs = [saved_array(state, f"q_{i}", own.shape) for i, own in enumerate(self._q)]
         if self.error_feedback:
             self._memory.load_state_dict({"residual": saved_array(state, "residual", (self.n,))})
-        self._q = [q.copy() for q in qs]
+        self._q, self._q_sum_on_device = [q.copy() for q in qs], None
         self._start_ahead = None
         self._calls = int(state["calls"])
 
