@@ -36,9 +36,14 @@ their growth per additional gradient (:mod:`horovod_sparse.bench.counts`). With
 ``HOROVOD_SPARSE_DEVICE_BUFFERS=on`` the payloads go to MPI as device buffers where the exchange
 allows (what an MPI with CUDA support gets on a GPU): the last column counts them.
 
+``--sync-count`` counts one P = 1 step of each out-of-band pipeline on ``--device`` (no Horovod:
+a GPU image without it, or one GPU): the same counts, and on CUDA the synchronising calls torch
+itself reports under ``torch.cuda.set_sync_debug_mode("warn")``.
+
     .venv/bin/python scripts/bench_codecs.py --json results/codecs.json
     mpirun -np 2 .venv/bin/python scripts/bench_codecs.py --count
     HOROVOD_SPARSE_DEVICE_BUFFERS=on mpirun -np 2 .venv/bin/python scripts/bench_codecs.py --count
+    python3 scripts/bench_codecs.py --device cuda --sync-count        # scripts/cuda_check.sh
     .venv/bin/python scripts/bench_codecs.py --frameworks torch tensorflow --update-md docs/results/benchmarks.md
     python3 scripts/bench_codecs.py --device cuda --json $OUT/codecs-cuda.json      # scripts/cuda_check.sh
 """
@@ -84,6 +89,9 @@ def parse_args():
     p.add_argument("--update-md", help="replace the throughput section of this markdown file")
     p.add_argument("--count", action="store_true",
                    help="count ops, host syncs and transfers of one step instead of timing (mpirun -np 2)")
+    p.add_argument("--sync-count", action="store_true",
+                   help="count one P = 1 step of each out-of-band pipeline on --device instead of timing: "
+                        "ops, syncs, transfers; on CUDA the synchronising calls torch reports")
     p.add_argument("--count-tensors", type=int, nargs=2, default=[30, 120], metavar=("FEW", "MANY"),
                    help="the two gradient counts of --count (32 x 32 floats each)")
     return p.parse_args()
@@ -283,6 +291,50 @@ def count_table(counts, few, many):
     return "\n".join(lines) + "\n"
 
 
+def sync_counts(spec, gradient, device):
+    """``--sync-count``: one P = 1 step of an out-of-band pipeline on ``device`` (the round trip
+    this script times), after two, counted: the aten ops and host synchronisations torch's
+    dispatcher sees and the host crossings (:class:`~horovod_sparse.ops.counting.DeviceCounts`),
+    and on CUDA every synchronising call torch itself reports under
+    ``torch.cuda.set_sync_debug_mode("warn")`` (``cuda_syncs``: the copies' and event waits'
+    too, which no dispatcher sees; None on the CPU). The CPU runs the device path."""
+    import warnings
+    import torch
+    from horovod_sparse.ops import cpu
+    from horovod_sparse.ops.counting import DeviceCounts
+    prepare, run = pipeline_round_trip(spec, gradient, device)
+    counts, cuda = DeviceCounts(), str(device).startswith("cuda")
+    with cpu.device_path():
+        for _ in range(2):
+            prepare()
+            run()
+        prepare()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with counts:
+                    run()
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+    summary = counts.summary()
+    summary["cuda_syncs"] = sum("synchroniz" in str(w.message) for w in caught) if cuda else None
+    return summary
+
+
+def sync_table(counts):
+    """The markdown table of :func:`sync_counts`' counts, one row per spec."""
+    lines = ["| compressor | aten ops | not views | host syncs (dispatcher) | synchronising calls (CUDA) "
+             "| transfers out / in | handed to MPI out / in |", "|---|---:|---:|---:|---:|---|---|"]
+    for spec, c in counts.items():
+        cuda = "-" if c["cuda_syncs"] is None else c["cuda_syncs"]
+        lines.append(f"| {spec} | {c['ops']} | {c['not_views']} | {c['syncs']} | {cuda} | "
+                     f"{c['transfers_out']} / {c['transfers_in']} | {c['handed_out']} / {c['handed_in']} |")
+    return "\n".join(lines) + "\n"
+
+
 def count_all(args):
     """``--count``: {spec: (counts at few, counts at many)} for the out-of-band specs, rank 0's."""
     from horovod_sparse.bench.counts import count_step
@@ -320,6 +372,14 @@ def main():
     if args.device == "cuda":
         args.frameworks = ["torch"]
     gradient = np.random.default_rng(0).standard_normal((args.rows, args.cols)).astype(np.float32)
+    if args.sync_count:
+        counts = {spec: sync_counts(spec, gradient, args.device) for spec in args.specs if fused_params(spec)}
+        print(sync_table(counts), flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(settings=dict(rows=args.rows, cols=args.cols, device=args.device,
+                                             host=platform.node()), counts=counts), f, indent=1)
+        return
     makers = {"torch": torch_round_trip, "tensorflow": tensorflow_round_trip}
     if args.device == "cuda":
         makers["torch"] = lambda spec, g, same: cuda_round_trip(spec, g, same, hvd_torch is not None)

@@ -18,8 +18,10 @@
 # (with CUDA, and NCCL where the Python holds nvidia-nccl, from HOROVOD_SDIST or
 # .whl/horovod-*.tar.gz); the build runs in the background while the unit step runs.
 #
-# CUDA_CHECK_CODECS=1 also times every out-of-band pipeline's step on a CUDA tensor beside a
-# device copy (scripts/bench_codecs.py --device cuda; a measurement, not a test).
+# Where torch sees a GPU it counts one step of every out-of-band pipeline there, with the
+# synchronising calls torch reports under set_sync_debug_mode("warn") (bench_codecs.py --sync-count;
+# a measurement, not a test). CUDA_CHECK_CODECS=1 also times every out-of-band pipeline's step on
+# a CUDA tensor beside a device copy (scripts/bench_codecs.py --device cuda; a measurement).
 # Files (JUnit XML and logs) go to $OUT when it is set, else to results/cuda_check/.
 # Usage: bash scripts/cuda_check.sh        Exit status: 0 when nothing failed.
 set -u
@@ -32,6 +34,7 @@ UNIT_SECONDS=${CUDA_CHECK_UNIT_SECONDS:-240}
 PARALLEL_SECONDS=${CUDA_CHECK_PARALLEL_SECONDS:-180}
 BUILD_SECONDS=${CUDA_CHECK_BUILD_SECONDS:-300}
 CODECS_SECONDS=${CUDA_CHECK_CODECS_SECONDS:-240}
+SYNC_SECONDS=${CUDA_CHECK_SYNC_SECONDS:-120}
 
 main() {
     local started=$SECONDS failed_steps=0 skipped_steps=0 work
@@ -127,6 +130,14 @@ print(" ".join(missing))' 2>/dev/null) || missing="python ($PY did not run)"
     if [ "$rc" -ne 0 ] && ! has_report "$RESULTS/unit-cuda.xml"; then
         echo "unit step died without a report (exit $rc; 124 means it ran past ${UNIT_SECONDS}s)"
         failed_steps=$((failed_steps + 1))
+    fi
+
+    if "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+        echo "== sync counts: scripts/bench_codecs.py --device cuda --sync-count (at most ${SYNC_SECONDS}s)"
+        t0=$SECONDS
+        timeout -k 15 "$SYNC_SECONDS" "$PY" scripts/bench_codecs.py --device cuda --sync-count \
+            --json "$RESULTS/sync-counts-cuda.json"
+        echo "-- sync counts: exit $? after $((SECONDS - t0))s (a measurement: it counts as no test)"
     fi
 
     if [ "${CUDA_CHECK_CODECS:-0}" = 1 ]; then
