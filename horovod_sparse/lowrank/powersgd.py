@@ -456,7 +456,7 @@ class PowerSGDPipeline(Pipeline):
             q_sum, next_q = host.from_wire(q_summed, acc), None
             next_start = self._orthonormalized(lib, namespace.copy_of(q_sum), "q")
         else:
-            q_summed = host.to_host(q_summed)  # (a host array as it is)
+            q_summed = host.to_host(q_summed)  # a handed Q sum comes down (a zero column to redraw)
             next_q = [q_summed[q_span].reshape(block.cols, block.rank) for block, _, q_span in self._spans]
             if self._starts_on_device(lib, q_summed):  # orthonormalised where they are used, from the Q sum
                 q_sum = host.from_host(q_summed, acc)  # one transfer
