@@ -298,11 +298,13 @@ class CountingComm(ClosesOnExit):
         return recvbuf
 
     def allreduce(self, sendbuf, recvbuf=None, op=MPI.SUM, control=False):
-        """Element-wise reduction of ``sendbuf`` over ranks into ``recvbuf`` (ring model; a new
-        buffer beside ``sendbuf`` if None), which it returns."""
+        """Element-wise reduction of ``sendbuf`` over ranks (ring model) into ``recvbuf`` where it
+        lives as ``sendbuf`` does (both host arrays, or both tensors), else (None, or a host
+        buffer for a device buffer handed over as it is) into a new buffer beside ``sendbuf``;
+        returns it."""
         P = self.size
         nelem = sendbuf.nbytes // sendbuf.itemsize
-        if recvbuf is None:
+        if recvbuf is None or _is_tensor(recvbuf) != _is_tensor(sendbuf):
             recvbuf = _empty_like(sendbuf, nelem)
         own_chunk = ((self.rank + 1) * nelem) // P - (self.rank * nelem) // P
         moved = 2 * (nelem - own_chunk) * sendbuf.itemsize if P > 1 else 0

@@ -55,8 +55,7 @@ class PlainSumPipeline(Pipeline):
         before = self.traffic
         # another gradient of this rank's step overflowed: a NaN contribution tells every rank
         sent = host.to_wire(g, self.comm) if finite else np.full(self.n, np.nan, np.float32)
-        # into this pipeline's host buffer, or beside a device buffer handed over as it is
-        total = self.comm.allreduce(sent, self._sum if isinstance(sent, np.ndarray) else None)
+        total = self.comm.allreduce(sent, self._sum)  # beside a device buffer handed over as it is
         if not all_finite(total):  # the same sum, so the same answer, on every rank
             raise NonFiniteGradientError("dense sum skipped on every rank: a gradient holds inf or NaN "
                                          "(a loss scaler's overflow?); no state changed")

@@ -433,7 +433,7 @@ class PowerSGDPipeline(Pipeline):
         p_local = self._products(lib, m, start, send, project)
         dense = _gather_dense(plan, m, _part(send, slice(plan.p_size, None)), ws.dense_positions)
         send = _joined(ws.send, p_local + [dense], acc)
-        p_summed = self._summed(send, ws.p_summed)
+        p_summed = self._allreduce(host.to_wire(send, self._comm), ws.p_summed)
 
         if _batches(lib):                                                           # step 4
             summed = host.from_wire(p_summed, acc)  # one transfer (none if handed): the P sums, the dense sum
@@ -446,7 +446,7 @@ class PowerSGDPipeline(Pipeline):
 
         q_send = kernel(ws.q_send)                                                  # step 5
         q_local = _joined(ws.q_send, self._products(lib, m, kernel(basis), q_send, back_project), acc)
-        q_summed = self._summed(q_local, ws.q_summed)
+        q_summed = self._allreduce(host.to_wire(q_local, self._comm), ws.q_summed)
         # step 2, ahead: this step's start Q's are used, their buffer takes the next step's (on
         # the host's path the start kept ahead may be that buffer: forgotten until the step ends)
         self._start_ahead = None
@@ -595,17 +595,12 @@ class PowerSGDPipeline(Pipeline):
                         + _scatter_dense(self.plan, dense, kept, ws.dense_positions))
 
     def _allreduce(self, send, out):
-        """Sum ``send`` over ranks (float32) into ``out`` (a new buffer beside ``send`` if None);
-        skipped when empty (every rank has the same plan)."""
+        """Sum ``send`` over ranks (float32) into the host buffer ``out``, or beside ``send`` where
+        it is a device buffer handed to MPI as it is (:meth:`CountingComm.allreduce`); skipped when
+        empty (every rank has the same plan)."""
         if send.shape[0]:
             return self._comm.allreduce(send, out)
-        return send if out is None else out
-
-    def _summed(self, send, host_buffer):
-        """:meth:`_allreduce` of a step's factors: into ``host_buffer`` where they cross to the
-        host, else beside them, a device buffer handed to MPI as it is (:func:`~horovod_sparse.ops.host.to_wire`)."""
-        wired = host.to_wire(send, self._comm)
-        return self._allreduce(wired, host_buffer if isinstance(wired, np.ndarray) else None)
+        return out if isinstance(send, np.ndarray) else send
 
     # ------------------------------------------------------------ checkpoints
     def _identity(self):

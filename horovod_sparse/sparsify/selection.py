@@ -360,7 +360,7 @@ def sample_moments(acc, size=GAUSSIAN_SAMPLE):
     """(mean, standard deviation) in float64 of the finite entries of a strided sample of
     at most ``size`` entries of ``acc`` (every ``ceil(n / size)``-th, from 0), as Python floats;
     NaNs if none is finite. Computed where ``acc`` lives (a torch tensor on the device path or a
-    GPU: one read-back of the two numbers, not the sample) by :func:`_tree_sum`, whose fixed
+    GPU: one read-back of the two numbers, not the sample) by :func:`_tree_sums`, whose fixed
     order of additions gives numpy's and torch's the same bits on any device."""
     n = int(acc.shape[0])
     stride = max(1, -(-n // size))
