@@ -12,7 +12,8 @@ for WARN and FAIL the fix. Every rank exits with the same code: 0 when the launc
   mpi4py where its world is Horovod's, Horovod's own collectives otherwise (a Gloo launch),
   and why. Where neither serves, each rank learns it alone, no collective runs after it (it
   could wait forever), and the rest of the report is this rank's only.
-- ``mpi``, ``horovod``, ``cuda``, ``versions``: what was installed and how it was built.
+- ``mpi``, ``horovod``, ``cuda``, ``versions``: what was installed and how it was built;
+  ``switches``: the package's environment switches, each one of its choices.
 - ``cores``: ranks on this node against the cores they may run on; ranks that outnumber
   them must yield while they wait in MPI (Open MPI's ``mpi_yield_when_idle``), or they
   busy-poll and steal each other's cores.
@@ -118,6 +119,16 @@ def check_cuda(hvd):
     from horovod_sparse.exchange.comm import cuda_payload_route
     return check("cuda", OK, found + f"; Horovod built with {'NCCL' if hvd.nccl_built() else 'CUDA'}; "
                  f"the exchanges' payloads go {cuda_payload_route()}")
+
+
+def check_switches():
+    """The package's environment switches (:mod:`horovod_sparse.switches`): each set to one of
+    its choices (a job's first exchange would fail on every rank otherwise)."""
+    from horovod_sparse import switches
+    problem = switches.problem_here()
+    if problem is not None:
+        return check("switches", FAIL, problem, "unset it, or set it to one of its choices")
+    return check("switches", OK, ", ".join(f"{v}={switches.read(v)}" for v in switches.CHOICES))
 
 
 def check_versions(import_tensorflow=False):
@@ -311,7 +322,8 @@ def run(args, out=sys.stdout):
     try:
         hvd = world.horovod_frontend() or _init_horovod()
         world_check, comm = check_world()
-        checks = [world_check, check_mpi(), check_horovod(hvd), check_cuda(hvd), check_versions(args.tensorflow)]
+        checks = [world_check, check_mpi(), check_horovod(hvd), check_cuda(hvd), check_switches(),
+                  check_versions(args.tensorflow)]
         if comm is None:   # no collective: each rank reports what it found alone
             checks.append(check("link", WARN, "cores, threads and link not checked: they run collectives among "
                                 "Horovod's ranks, which are not mapped", "see the fix of `world`"))

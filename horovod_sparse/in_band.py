@@ -6,8 +6,8 @@ A frontend subclass decides only how a gradient is identified (its slot key), si
 Horovod's ``compress(tensor)`` carries no name; everything else is here. The out-of-band
 compressors' counterpart is :mod:`horovod_sparse.out_of_band`.
 """
-from horovod_sparse import registry
-from horovod_sparse.agreement import check_same_on_every_rank, communicator_of
+from horovod_sparse import registry, switches
+from horovod_sparse.agreement import check_same_on_every_rank, communicator_of, raise_on_every_rank
 from horovod_sparse.compressors.base import WIRE_DTYPE
 from horovod_sparse.horovod_frames import caller_process_set
 from horovod_sparse.nonfinite import check_nonfinite
@@ -104,10 +104,13 @@ class InBandCompressorBase:
 
     def agree_across_ranks(self):
         """Check once, on the ranks of the caller's process set, that all pass this compressor
-        and that the launch can carry it (a stateful one is refused under elastic Horovod)."""
+        with valid environment switches, and that the launch can carry it (a stateful one is
+        refused under elastic Horovod). These ride Horovod's allreduce: no exchange header of
+        their own checks the switches (:mod:`horovod_sparse.switches`)."""
         comm = communicator_of(caller_process_set())
         refuse_what_the_transport_cannot_carry(comm, [self.algorithm])
         check_same_on_every_rank(self.algorithm.spec, comm, "compressors or parameters")
+        raise_on_every_rank(comm, switches.problem_here())
 
     def decompress(self, tensor, ctx):
         """The gradient from a reduced payload (Horovod's ``decompress``): where the payload is

@@ -28,12 +28,12 @@ CPU runs this path.
 """
 import ctypes
 import functools
-import os
 from dataclasses import dataclass, fields
 
 import numpy as np
 from mpi4py import MPI
 
+from horovod_sparse import switches
 from horovod_sparse.pipeline import ClosesOnExit
 
 from horovod_sparse.errors import NonFiniteGradientError
@@ -91,19 +91,18 @@ class Traffic:
 
 
 #: the environment variable that chooses whether device buffers go to MPI as they are
-DEVICE_BUFFERS_ENV = "HOROVOD_SPARSE_DEVICE_BUFFERS"
+#: (:mod:`horovod_sparse.switches`)
+DEVICE_BUFFERS_ENV = switches.DEVICE_BUFFERS
 #: "auto": CUDA tensors where MPI reports CUDA support; "on": every torch tensor that would
 #: cross to the host; "off": none
-DEVICE_BUFFERS_CHOICES = ("auto", "on", "off")
+DEVICE_BUFFERS_CHOICES = switches.CHOICES[DEVICE_BUFFERS_ENV]
 
 
 def device_buffers_chosen():
     """The choice in force (one of :data:`DEVICE_BUFFERS_CHOICES`), read from the environment
-    at each call: a ValueError names the variable and the choices for anything else."""
-    choice = os.environ.get(DEVICE_BUFFERS_ENV, "auto").strip().lower() or "auto"
-    if choice not in DEVICE_BUFFERS_CHOICES:
-        raise ValueError(f"{DEVICE_BUFFERS_ENV} must be one of {list(DEVICE_BUFFERS_CHOICES)}, got {choice!r}")
-    return choice
+    at each call; a value outside the choices reads as ``auto``, and the next exchange's
+    agreement fails on every rank (:mod:`horovod_sparse.switches`)."""
+    return switches.read(DEVICE_BUFFERS_ENV)
 
 
 @functools.cache

@@ -12,12 +12,15 @@ Every exchange (sparse allreduce, compressed allreduce, PowerSGD) agrees the sam
 or ExchangeError on every rank), with :func:`identity_code` for the parameters that
 must match. A rank whose gradient overflowed (inf or NaN, ``finite=False``) says so in the
 same header: if that is the only problem, every rank raises
-:class:`~horovod_sparse.errors.NonFiniteGradientError` instead, and no data moves.
+:class:`~horovod_sparse.errors.NonFiniteGradientError` instead, and no data moves. So does
+an environment switch set to none of its choices (:mod:`horovod_sparse.switches`): that
+rank's error, whatever the exchange.
 """
 import zlib
 
 import numpy as np
 
+from horovod_sparse import switches
 from horovod_sparse.errors import ExchangeError, NonFiniteGradientError
 
 # Header layout: one int64 per field, the same on every rank.
@@ -37,6 +40,9 @@ _AGREED = ("n", "algorithm", "k", "call", "value_dtype", "params", "tag")
 TAG_ERROR_CODE = 6
 #: a rank's gradient held an inf or a NaN (its own kind of problem: see agree_call)
 NONFINITE_CODE = 100  # apart from every exchange's own codes (1-6 here, 7 compressed, 20 PowerSGD)
+#: an environment switch set to none of its choices on this rank (detail: its place in
+#: horovod_sparse.switches.CHOICES); checked here, where every exchange's ranks meet
+SWITCH_CODE = 30
 
 
 def tag_as_int64(tag):
@@ -157,6 +163,9 @@ def agree_call(comm, *, n, call, tag, params, error_code=0, error_detail=0, algo
     tag_value = tag_as_int64(tag)
     if tag_value is None:  # reported by every rank through the header, never raised alone
         tag_value, error_code = 0, error_code or TAG_ERROR_CODE
+    switch = switches.first_invalid()
+    if not error_code and switch >= 0:
+        error_code, error_detail = SWITCH_CODE, switch
     if not finite and not error_code:
         error_code = NONFINITE_CODE
     header = dict(error_code=error_code, error_detail=error_detail, n=n, algorithm=algorithm, k=k,
@@ -170,8 +179,9 @@ def agree_call(comm, *, n, call, tag, params, error_code=0, error_detail=0, algo
     problems = []
     overflowed = np.flatnonzero(col["error_code"] == NONFINITE_CODE)
     for rank in np.flatnonzero((col["error_code"] != 0) & (col["error_code"] != NONFINITE_CODE)):
-        code = int(col["error_code"][rank])
-        text = texts.get(code, "invalid input").format(detail=int(col["error_detail"][rank]))
+        code, detail = int(col["error_code"][rank]), int(col["error_detail"][rank])
+        text = switches.invalid_text(detail) if code == SWITCH_CODE else \
+            texts.get(code, "invalid input").format(detail=detail)
         problems.append(f"rank {rank}: {text} (n = {int(col['n'][rank])})")
     for field in _AGREED:
         values = col[field]

@@ -42,14 +42,15 @@ def test_a_sound_launch_exits_0_on_every_rank(tmp_path):
     assert rc == 0 and codes == {0: 0, 1: 0}, out
     assert out.count("horovod-sparse doctor: 2 rank(s)") == 1, out   # rank 0 alone reports
     for line in ("OK    world     mpi4py's world is Horovod's: 2 rank(s)", "OK    mpi       ",
-                 "OK    horovod   Horovod ", "OK    cores     2 rank(s) on this node",
+                 "OK    horovod   Horovod ", "OK    switches  HOROVOD_SPARSE_KERNELS=",
+                 "OK    cores     2 rank(s) on this node",
                  "mpi_yield_when_idle=1", "OK    link      allreduce over 2 ranks", "OK    whatif    netai:resnet50",
                  "launch is sound"):
         assert line in out, out
     assert "FAIL" not in out
     saved = json.loads(report.read_text())
     assert saved["exit"] == 0 and saved["ranks"] == 2
-    assert {c["check"] for c in saved["checks"]} >= {"world", "mpi", "horovod", "cuda", "versions", "cores",
+    assert {c["check"] for c in saved["checks"]} >= {"world", "mpi", "horovod", "cuda", "switches", "versions", "cores",
                                                      "threads", "link", "whatif"}
 
 
@@ -70,6 +71,17 @@ def test_ranks_that_outnumber_cores_and_yield_only_warn():
     assert rc == 0 and codes == {0: 0, 1: 0}, out
     assert "WARN  cores     2 rank(s) on this node, 1 core(s) for them; mpi_yield_when_idle=1" in out, out
     assert "launch is sound" in out
+
+
+def test_a_switch_set_to_none_of_its_choices_fails(monkeypatch):
+    monkeypatch.delenv("HOROVOD_SPARSE_KERNELS", raising=False)
+    monkeypatch.setenv("HOROVOD_SPARSE_DEVICE_BUFFERS", "off")
+    assert doctor.check_switches()["status"] == doctor.OK
+    assert "HOROVOD_SPARSE_DEVICE_BUFFERS=off" in doctor.check_switches()["found"]
+    monkeypatch.setenv("HOROVOD_SPARSE_KERNELS", "cuda")
+    failed = doctor.check_switches()
+    assert failed["status"] == doctor.FAIL
+    assert failed["found"] == "HOROVOD_SPARSE_KERNELS must be one of ['numba', 'numpy', 'torch'], got 'cuda'"
 
 
 def test_the_yield_setting_is_read_from_the_environment_then_the_parameter_files(tmp_path):

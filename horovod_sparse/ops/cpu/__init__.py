@@ -41,13 +41,13 @@ Example::
         ...
 """
 import contextlib
-import os
 import threading
 
-#: the environment variable that chooses the kernels: "numba" (default where installed), "numpy",
-#: or "torch" (CPU tensors take the device path)
-KERNELS_ENV = "HOROVOD_SPARSE_KERNELS"
-CHOICES = ("numba", "numpy", "torch")
+from horovod_sparse import switches
+
+#: the environment variable that chooses the kernels (:mod:`horovod_sparse.switches`)
+KERNELS_ENV = switches.KERNELS
+CHOICES = switches.CHOICES[KERNELS_ENV]
 
 try:
     import numba
@@ -63,10 +63,7 @@ def chosen():
     choice = getattr(_local, "choice", None)
     if choice is not None:
         return choice
-    choice = os.environ.get(KERNELS_ENV, "numba").strip().lower() or "numba"
-    if choice not in CHOICES:
-        raise ValueError(f"{KERNELS_ENV} must be one of {list(CHOICES)}, got {choice!r}")
-    return choice
+    return switches.read(KERNELS_ENV)
 
 
 def available():

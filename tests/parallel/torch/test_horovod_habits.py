@@ -1,6 +1,6 @@
 """Habits of Horovod users that must work (or fail clearly on every rank, never hang):
-compressors passed uncalled, synchronize() then step(), per-rank parameters that must
-match, parameters without a gradient in some steps, and rank-0 checkpoints."""
+compressors passed uncalled, synchronize() then step(), per-rank parameters and environment
+switches that must match, parameters without a gradient in some steps, and rank-0 checkpoints."""
 import re
 import warnings
 
@@ -91,6 +91,18 @@ def test_different_seeds_on_ranks_fail_on_every_rank():
     model, opt = make(hvds.Compression.randomk(density=0.1, seed=hvd.rank()))
     with pytest.raises(ValueError, match=r"different compressors or parameters \(rank 0: randomk:.*seed=0; "
                                          r"rank 1: randomk:.*seed=1"):
+        step_once(model, opt, 0)
+
+
+# an exchange of its own (top-k, PowerSGD), and one that rides Horovod's allreduce (random-k)
+@pytest.mark.parametrize("spec, variable", [("topk:density=0.05", "HOROVOD_SPARSE_KERNELS"),
+                                            ("powersgd:rank=2", "HOROVOD_SPARSE_DEVICE_BUFFERS"),
+                                            ("randomk:density=0.1", "HOROVOD_SPARSE_KERNELS")])
+def test_a_switch_set_to_none_of_its_choices_on_one_rank_fails_on_every_rank(spec, variable, monkeypatch):
+    if hvd.rank() == hvd.size() - 1:
+        monkeypatch.setenv(variable, "fastest")
+    model, opt = make(hvds.Compression.from_spec(spec))
+    with pytest.raises(ValueError, match=rf"rank {hvd.size() - 1}: {variable} (is set to none|must be one) of"):
         step_once(model, opt, 0)
 
 
