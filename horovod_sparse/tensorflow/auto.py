@@ -102,6 +102,9 @@ class TFAutoCompressor(HorovodCompressor):
     def nonfinite(self):
         return self.runtime.nonfinite
 
+    # AutoGraph converts Horovod's step and would convert every function of ours it calls (over a
+    # second a trace); they are written to trace as they are, as in a TF1-style graph
+    @tf.autograph.experimental.do_not_convert
     def compress(self, tensor, name=None):
         check_caller("auto", Adasum)
         if not self._agreed:
@@ -115,6 +118,7 @@ class TFAutoCompressor(HorovodCompressor):
         self.runtime.on_gpu = self.runtime.on_gpu or "GPU" in (tensor.device or "").upper()
         return tf.ones([1], tf.float32), ("auto", key)
 
+    @tf.autograph.experimental.do_not_convert  # as compress
     def decompress(self, tensor, ctx):
         kind, key = ctx
         if kind == "dense":

@@ -64,6 +64,9 @@ class TFCompressor(InBandCompressorBase, HorovodCompressor):
     # A walk over Python frames, run once at trace time: autograph must not rewrite its loop.
     agree_across_ranks = tf.autograph.experimental.do_not_convert(InBandCompressorBase.agree_across_ranks)
 
+    # AutoGraph converts Horovod's step and would convert every function of ours it calls (over a
+    # second a trace); they are written to trace as they are, as in a TF1-style graph
+    @tf.autograph.experimental.do_not_convert
     def compress(self, tensor, name=None):
         key = self._keys.of(tensor, self.algorithm, name)
         with run_state_updates() as mark:  # in a TF1-style graph the state's reads must run before its updates
@@ -101,6 +104,7 @@ class TFCompressor(InBandCompressorBase, HorovodCompressor):
             if isinstance(gradient, tf.Tensor) and gradient.shape.is_fully_defined():
                 self.slot_for(gradient, key)
 
+    @tf.autograph.experimental.do_not_convert  # as compress
     def decompress(self, tensor, ctx):
         with run_state_updates() as mark:  # in a TF1-style graph the commit must be made to run
             return mark(super().decompress(tensor, ctx))

@@ -120,6 +120,9 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         #: default is numpy's kernels on zero-copy views of the gradients: faster there)
         self.on_device = False
 
+    # AutoGraph converts Horovod's step and would convert every function of ours it calls (over a
+    # second a trace); they are written to trace as they are, as in a TF1-style graph
+    @tf.autograph.experimental.do_not_convert
     def compress(self, tensor, name=None):
         check_caller(self.algorithm.name, Adasum)
         if not self._agreed:
@@ -139,6 +142,7 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             self._exchange_step(*step)
         return probe, ("sparse", key)
 
+    @tf.autograph.experimental.do_not_convert  # as compress
     def decompress(self, tensor, ctx):
         kind, info = ctx
         if kind == "dense":
