@@ -57,10 +57,11 @@ MPI_ENV = {
 
 def run_unit(results, extra):
     junit = results / "unit.xml"
-    # one worker per core (pytest-xdist); a module's tests stay on one worker, in order, as written;
+    # one worker per core (pytest-xdist); a module's tests stay on one worker, in order, as written,
+    # and the modules go out in collection order (tests/unit/conftest.py puts the longest first);
     # a worker that dies ends the run (a replaced worker can leave xdist's loadfile scheduler waiting forever)
-    cmd = [PYTHON, "-m", "pytest", "tests/unit", "-q", "-n", "auto", "--dist", "loadfile", "--max-worker-restart", "0",
-           f"--junitxml={junit}", *extra]
+    cmd = [PYTHON, "-m", "pytest", "tests/unit", "-q", "-n", "auto", "--dist", "loadfile", "--no-loadscope-reorder",
+           "--max-worker-restart", "0", f"--junitxml={junit}", *extra]
     return _launch(cmd, UNIT_WALL_SECONDS, "unit tests"), [junit]
 
 
