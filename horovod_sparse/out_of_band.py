@@ -116,8 +116,7 @@ class OutOfBandCompressorBase:
         """P, the size of ``comm``, read when it was set: ``decompress`` makes no MPI call after
         the step's last exchange. Where Horovod started MPI, Horovod finalises it on every rank
         once any rank exits, so a rank still finishing its last step would call into a finalised
-        MPI (a crash). A property, so that TensorFlow's AutoGraph, converting the traced
-        ``decompress``, sees no call of mpi4py's (it cannot convert C methods, and warns)."""
+        MPI (a crash)."""
         self.comm  # noqa: B018  (sets it on first use)
         return self._world_size
 

@@ -102,8 +102,9 @@ class TFAutoCompressor(HorovodCompressor):
     def nonfinite(self):
         return self.runtime.nonfinite
 
-    # AutoGraph converts Horovod's step and would convert every function of ours it calls (over a
-    # second a trace); they are written to trace as they are, as in a TF1-style graph
+    # AutoGraph converts Horovod's step and would convert every function of ours it calls: frame
+    # walks and collectives on a private communicator it must not rewrite, and over a second of
+    # parsing a trace. Ours trace as they are written, as in a TF1-style graph.
     @tf.autograph.experimental.do_not_convert
     def compress(self, tensor, name=None):
         check_caller("auto", Adasum)
@@ -129,19 +130,15 @@ class TFAutoCompressor(HorovodCompressor):
 
     @property
     def world_size(self):
-        """P, read once: a property, so that AutoGraph sees no call of mpi4py's while converting
-        ``decompress``; read once, so that an eager ``decompress`` makes no MPI call after the
-        step's last exchange (out_of_band.py's ``world_size`` says why)."""
+        """P, read once, so that an eager ``decompress`` makes no MPI call after the step's last
+        exchange (out_of_band.py's ``world_size`` says why)."""
         if self._world_size is None:
             self._world_size = communicator_of(None).Get_size()
         return self._world_size
 
-    # Trace-time Python (a collective on a private communicator): autograph must not convert it.
-    @tf.autograph.experimental.do_not_convert
     def _agree_across_ranks(self):
         check_same_on_every_rank(self.runtime.settings(), communicator_of(None), "auto settings")
 
-    @tf.autograph.experimental.do_not_convert
     def _trace_verdict(self, tensor):
         """At the step's first ``compress``, trace the host call that hands the runtime, per
         float gradient of the step, whether it is finite and its largest and smallest element,

@@ -61,11 +61,9 @@ class TFCompressor(InBandCompressorBase, HorovodCompressor):
         self._keys = GradientKeys()
         self._settled = weakref.WeakKeyDictionary()  # traced graph -> its step's settle (horovod_sparse.slots)
 
-    # A walk over Python frames, run once at trace time: autograph must not rewrite its loop.
-    agree_across_ranks = tf.autograph.experimental.do_not_convert(InBandCompressorBase.agree_across_ranks)
-
-    # AutoGraph converts Horovod's step and would convert every function of ours it calls (over a
-    # second a trace); they are written to trace as they are, as in a TF1-style graph
+    # AutoGraph converts Horovod's step and would convert every function of ours it calls: frame
+    # walks and collectives on a private communicator it must not rewrite, and over a second of
+    # parsing a trace. Ours trace as they are written, as in a TF1-style graph.
     @tf.autograph.experimental.do_not_convert
     def compress(self, tensor, name=None):
         key = self._keys.of(tensor, self.algorithm, name)
@@ -95,7 +93,6 @@ class TFCompressor(InBandCompressorBase, HorovodCompressor):
         with tf.control_dependencies([tf.identity(self._settled[graph])]):
             yield
 
-    @tf.autograph.experimental.do_not_convert
     def _make_step_slots(self, tensor):
         """Make now the slots of every gradient of the step (from Horovod's gradient list), so that
         the settle traced before them covers them all, at every later run of the graph. Under a

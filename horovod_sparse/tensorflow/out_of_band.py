@@ -120,8 +120,9 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         #: default is numpy's kernels on zero-copy views of the gradients: faster there)
         self.on_device = False
 
-    # AutoGraph converts Horovod's step and would convert every function of ours it calls (over a
-    # second a trace); they are written to trace as they are, as in a TF1-style graph
+    # AutoGraph converts Horovod's step and would convert every function of ours it calls: frame
+    # walks and collectives on a private communicator it must not rewrite, and over a second of
+    # parsing a trace. Ours trace as they are written, as in a TF1-style graph.
     @tf.autograph.experimental.do_not_convert
     def compress(self, tensor, name=None):
         check_caller(self.algorithm.name, Adasum)
@@ -151,14 +152,11 @@ class TFOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             self._exchange_recorded()
         return self._results.pop(info).to_gradient(tensor[0] / float(self.world_size))
 
-    # Trace-time Python (a collective on a private communicator): autograph must not convert it.
-    @tf.autograph.experimental.do_not_convert
     def _agree_across_ranks(self):
         """Different parameters or seeds on different ranks would exchange garbage: refuse on every rank."""
         check_same_on_every_rank(self.algorithm.spec, communicator_of(None),
                                  "compressors or parameters")
 
-    @tf.autograph.experimental.do_not_convert
     def _step_gradients(self, tensor):
         """``([(key, gradient)], carried)``: every gradient of the step that goes through the
         pipeline, and the float ones Horovod carries as they are (small: their overflow skips
