@@ -35,14 +35,20 @@ PARALLEL_GROUPS = {
     "torch": [2, 3, 4],
     "tensorflow": [2, 3],
     "worlds": [4],  # several Horovod jobs inside one mpirun: its scenarios name four processes
-    "scale": [8, 16],  # the exchange on recorded selections at high P only (a few short tests)
+    # the exchange on recorded selections at high P only (a few short tests): at 8, past the small
+    # counts above (16 ranks on 2 cores spent 40 s starting interpreters, for the same code paths)
+    "scale": [8],
 }
+#: groups that share one launch per process count (each launch runs those of them that include
+#: that count): their tests take seconds, and a launch of its own cost each of them 3-12 s of start-up
+SHARED_LAUNCH = ("exchange", "sparsify", "quantize")
 UNIT_WALL_SECONDS = 1500  # about 6 min here
 MPIRUN_WALL_SECONDS = 900
 # groups launched by ``horovodrun --gloo`` instead of mpirun (Horovod's ranks are not one MPI job's:
 # the exchanges run over Horovod's collectives), with their process counts and wall-clock bound (per launch)
-# (2, and 3 for an odd count: Horovod's collectives over Gloo take any count alike)
-HOROVODRUN_GROUPS = {"gloo": [2, 3]}
+# (3, an odd count: Horovod's collectives over Gloo take any count alike, and each launch of a
+# module costs about 25 s of start-up; mpirun's groups cover P = 2)
+HOROVODRUN_GROUPS = {"gloo": [3]}
 HOROVODRUN_WALL_SECONDS = 240
 
 MPI_ENV = {
@@ -66,6 +72,8 @@ def run_unit(results, extra):
 
 
 def run_parallel(group, np_, results, extra):
+    """One ``mpirun -np N`` of pytest over the group's tests; ``group`` may name several groups,
+    joined by ``+`` (SHARED_LAUNCH)."""
     logdir = results / f"{group}-np{np_}"
     logdir.mkdir(parents=True)
     cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none",
@@ -73,7 +81,7 @@ def run_parallel(group, np_, results, extra):
            "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
            *[a for k in MPI_ENV for a in ("-x", k)],
            "tests/mpi_rank.sh", str(logdir),
-           PYTHON, "-m", "pytest", f"tests/parallel/{group}", "-q", *extra]
+           PYTHON, "-m", "pytest", *[f"tests/parallel/{g}" for g in group.split("+")], "-q", *extra]
     rc = _launch(cmd, MPIRUN_WALL_SECONDS, f"mpirun -np {np_} {group}")
     if rc != 0:
         for log in sorted(logdir.glob("rank*.log")):
@@ -142,6 +150,23 @@ def outcomes(junit_files):
     return merged
 
 
+def launches(groups):
+    """[(group, process counts)] in the order asked, the groups of SHARED_LAUNCH asked together
+    joined into launches per count (``exchange+sparsify-np3``: the groups that include 3), where
+    the first of them was asked; groups without tests are left out."""
+    has_tests = [g for g in groups if g == "unit" or any((ROOT / "tests" / "parallel" / g).glob("test_*.py"))]
+    shared = [g for g in has_tests if g in SHARED_LAUNCH]
+    out, joined = [], False
+    for group in has_tests:
+        if group not in SHARED_LAUNCH:
+            out.append((group, HOROVODRUN_GROUPS.get(group) or PARALLEL_GROUPS.get(group, [])))
+        elif not joined:
+            joined = True
+            for np_ in sorted({n for g in shared for n in PARALLEL_GROUPS[g]}):
+                out.append(("+".join(g for g in shared if np_ in PARALLEL_GROUPS[g]), [np_]))
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", nargs="+", default=["unit", *PARALLEL_GROUPS, *HOROVODRUN_GROUPS],
@@ -159,11 +184,8 @@ def main():
     totals = {"passed": 0, "failed": 0, "skipped": 0}
     failed_runs = []
     start = time.monotonic()
-    for group in args.groups:
-        if group != "unit" and not any((ROOT / "tests" / "parallel" / group).glob("test_*.py")):
-            continue
+    for group, counts in launches(args.groups):
         launch = run_horovodrun if group in HOROVODRUN_GROUPS else run_parallel
-        counts = HOROVODRUN_GROUPS.get(group) or PARALLEL_GROUPS.get(group, [])
         runs = [(None, *run_unit(results, extra))] if group == "unit" else [
             (np_, *launch(group, np_, results, extra)) for np_ in counts if not args.np or np_ in args.np]
         for np_, rc, junit in runs:

@@ -7,7 +7,7 @@ and the out-of-band exchanges run over Horovod's own collectives
 mpi4py's world has one process on every rank, so tests/parallel/conftest.py's failure sync
 over mpi4py sees one rank; the run's outcome merges every rank's JUnit file. Its selection by
 ``world_sizes`` reads Horovod's size (``HOROVOD_SIZE``): a test whose subject does not change
-with the number of ranks (a refusal) is marked ``world_sizes(2)``.
+with the number of ranks (a refusal) is marked ``world_sizes(3)``, the count the group is launched at.
 """
 import pytest
 

@@ -1,4 +1,4 @@
-"""TensorFlow under ``horovodrun --gloo -np 2`` and ``-np 3``: the TensorFlow frontend's exchanges (host calls
+"""TensorFlow under ``horovodrun --gloo -np 3`` (scripts/run_tests.py; the tests take any count): the TensorFlow frontend's exchanges (host calls
 inside the traced step, ``tf.numpy_function``) run over ``horovod.tensorflow``'s own collectives,
 eagerly, beside the step's pending allreduces
 (:class:`~horovod_sparse.horovod_collectives.HorovodCollectives`). A ``tf.function`` step through
@@ -110,7 +110,7 @@ def test_keras_fit_gives_every_rank_the_same_parameters(spec):
     assert history.history["loss"][-1] < history.history["loss"][0]
 
 
-@pytest.mark.world_sizes(2)  # a refusal: the same at any size
+@pytest.mark.world_sizes(3)  # a refusal: the same at any size
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("spec, params, refusal", [
     ("topk:density=0.05", {"schedule": "mgwfbp"}, r"schedule='mgwfbp' exchanges on helper threads")])

@@ -1,4 +1,4 @@
-"""Training under ``horovodrun --gloo -np 2`` and ``-np 3`` (scripts/run_tests.py): every
+"""Training under ``horovodrun --gloo -np 3`` (scripts/run_tests.py; the tests take any count): every
 out-of-band exchange runs over Horovod's own collectives
 (:class:`~horovod_sparse.horovod_collectives.HorovodCollectives`), chosen for the user; the stock
 ``hvd.DistributedOptimizer`` trains, every rank ends with bitwise the same parameters, and
@@ -77,7 +77,7 @@ def test_dense_equals_horovods_own_allreduce():
         np.testing.assert_allclose(ours, horovods, rtol=1e-5, atol=1e-6 * np.abs(horovods).max())
 
 
-@pytest.mark.world_sizes(2)  # a refusal: the same at any size
+@pytest.mark.world_sizes(3)  # a refusal: the same at any size
 @pytest.mark.timeout(60)
 def test_planned_schedules_are_refused_on_every_rank():
     with pytest.raises(ValueError, match=r"schedule='mgwfbp' exchanges on helper threads"):

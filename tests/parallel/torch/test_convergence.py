@@ -17,8 +17,10 @@ demo = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(demo)
 
 EPOCHS, LR, MOMENTUM, BATCH = 20, 0.1, 0.0, 16
+#: (top-k over the DSA exchange is left out: it sums the same selections as top-k's allgather, and
+#: ended at the same accuracy as it, 0.9417)
 SPARSIFIERS = ["topk:density=0.01", "oktopk:density=0.01", "gtopk:density=0.01", "gaussiank:density=0.01",
-               "dgc:density=0.01", "topk:density=0.01,exchange=dsa"]
+               "dgc:density=0.01"]
 #: the quantizers, PowerSGD and FFT, each with its documented defaults
 QUANTIZERS = ["fft", "qsgd", "efsignsgd", "powersgd"]
 

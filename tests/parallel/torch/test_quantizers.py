@@ -61,6 +61,8 @@ def test_frontend_hands_horovod_what_the_numpy_pipeline_computes(spec, comm, ave
                 assert_identical_across_ranks(result.numpy())
 
 
+# at the odd count only, where ranks' shares and exchanges differ most (TensorFlow's run at 2)
+@pytest.mark.world_sizes(3)
 @pytest.mark.parametrize("spec", SPECS)
 def test_replicas_bitwise_identical_after_100_steps(spec, assert_identical_across_ranks):
     model, opt, compression = make(spec)

@@ -202,6 +202,8 @@ def flat_parameters(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
 
 
+# at the odd count only, where ranks' shares and exchanges differ most (TensorFlow's run at 2)
+@pytest.mark.world_sizes(3)
 @pytest.mark.parametrize("spec", ["topk:density=0.05", "oktopk:density=0.05", "gtopk:density=0.05",
                                   "gaussiank:density=0.05", "threshold:value=0.01", "dgc:density=0.05",
                                   "topk:density=0.05,exchange=dsa"])
