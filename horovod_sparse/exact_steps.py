@@ -27,9 +27,14 @@ from horovod_sparse.checks import check_nonnegative_int, check_positive_int
 
 #: exact steps at the start (as many as the compressors' default warm-up, whose dense steps are exact too)
 DEFAULT_EXACT_WARMUP = 100
-#: how an exact step's gradients travel: as they are (``"none"``), or cast to float16 (``"fp16"``,
-#: as Horovod's ``Compression.fp16``: half the bytes of an fp32 exact step)
-EXACT_COMPRESSIONS = ("none", "fp16")
+#: how an exact step's gradients travel: as they are (``"none"``), cast to float16 (``"fp16"``,
+#: as Horovod's ``Compression.fp16``: half the bytes of an fp32 exact step), or in 8 bits out of
+#: band (``"int8"``: :data:`EXACT_INT8`, a quarter of the bytes)
+EXACT_COMPRESSIONS = ("none", "fp16", "int8")
+#: the 8-bit code of ``"int8"`` exact steps: absmax levels over buckets of 128 values (int4's code at
+#: 8 bits, |error| <= max / 254 per value and exchange), without error feedback (an exact step
+#: stands alone: no residual carried from one to the next, many steps later)
+EXACT_INT8 = "int4:bits=8,error_feedback=false"
 #: the longest interval between exact steps; with beta2 = 0.999, a ``v`` at most 32 steps old
 #: (3% of its memory). Not tuned by measurement yet.
 DEFAULT_MAX_INTERVAL = 32

@@ -163,7 +163,7 @@ class Int4Compressor(QuantizingCompressor):
     times less error per value than qsgd at the same bits (docs/quantizers.md).
 
     Args:
-        bits: bits per value, integer in [2, 4] (default 4: L = 7).
+        bits: bits per value, integer in [2, 8] (default 4: L = 7).
         bucket_size: values per bucket sharing one float32 scale, integer in
             [1, 2**31 - 1] (default 128: 0.53 bytes per value at 4 bits).
         method: "alltoall" (default) or "allgather".
@@ -173,7 +173,7 @@ class Int4Compressor(QuantizingCompressor):
     name = "int4"
 
     def __init__(self, bits=4, bucket_size=128, method="alltoall", error_feedback=True):
-        self.bits = check_int("bits", bits, 2, 4)
+        self.bits = check_int("bits", bits, 2, 8)
         self.bucket_size = check_positive_int("bucket_size", bucket_size)
         super().__init__(method, error_feedback, bits=self.bits, bucket_size=self.bucket_size)
 

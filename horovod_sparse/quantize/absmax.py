@@ -26,9 +26,10 @@ class Int4Codec(_FixedBuckets):
 
     Parameters
     ----------
-    bits : int in [2, 4]
+    bits : int in [2, 8]
         Bits per value; the levels are {-L, .., L} * S / L with L = 2**(bits - 1) - 1
-        (4 bits: L = 7, 15 of the 16 codes used; 3: L = 3; 2: L = 1).
+        (4 bits: L = 7, 15 of the 16 codes used; 3: L = 3; 2: L = 1; 8: L = 127, as
+        :class:`horovod_sparse.torch.AdamW`'s exact steps in 8 bits use it).
     bucket_size : int in [1, 2**31 - 1]
         Values per bucket d (each bucket has its own scale); 128 by default.
 
@@ -64,7 +65,7 @@ class Int4Codec(_FixedBuckets):
     stochastic = False
 
     def __init__(self, bits=4, bucket_size=128):
-        bits = check_int("bits", bits, 2, 4)
+        bits = check_int("bits", bits, 2, 8)
         super().__init__(2 ** (bits - 1) - 1)
         self.bucket_size = check_int("bucket_size", bucket_size, 1, 2 ** 31 - 1)
 

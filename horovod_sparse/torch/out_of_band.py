@@ -37,7 +37,9 @@ from it at the first compressed step, so the ramp and the schedule's profiling c
 Exact steps (:mod:`horovod_sparse.exact_steps`) ride the same path: where the optimizer has an
 ``exact_schedule`` (:class:`horovod_sparse.torch.AdamW`), read from the optimizer calling the
 compressor, the steps it names are carried by Horovod's allreduce too, uncompressed (or cast to
-fp16, as Horovod's ``Compression.fp16`` does, where the optimizer's ``exact_compression`` says so), and leave
+fp16, as Horovod's ``Compression.fp16`` does, where the optimizer's ``exact_compression`` says so;
+with ``"int8"`` they are exchanged out of band instead, as the compressed steps are, by an 8-bit
+code of their own: :data:`~horovod_sparse.exact_steps.EXACT_INT8`, one more :class:`Bucket`), and leave
 the pipelines' state (residuals, step counters) as it was. The compressor counts every step it
 exchanged whose sums are finite (``steps_exchanged``, saved with its state where a schedule is
 in use) and reports the last one as ``exact_report``: ``(its 0-based index, whether its average
@@ -64,12 +66,15 @@ from horovod_sparse.agreement import check_same_on_every_rank, communicator_of
 from horovod_sparse.checks import check_choice, check_positive_int
 from horovod_sparse.compressors.cast import FP16Compressor
 from horovod_sparse.errors import NonFiniteGradientError
+from horovod_sparse.exact_steps import EXACT_INT8
 from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_process_set, check_caller
 from horovod_sparse.layout_pipeline import PIPELINE_KEY
 from horovod_sparse.nonfinite import check_nonfinite, raise_with_hint
 from horovod_sparse.ops.torch_ops import TorchOps
 from horovod_sparse.out_of_band import OutOfBandCompressorBase
+from horovod_sparse.registry import create
 from horovod_sparse.schedule.planner import SCHEDULES
+from horovod_sparse.step.bucket import Bucket
 from horovod_sparse.step.exchanges import StepExchanges
 from horovod_sparse.torch.buckets import TORCH_ARRAYS, FiniteCheck, NonFiniteSum, probe_scale
 
@@ -149,6 +154,8 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._decompressed = 0       # of this carried step's gradients (the last one ends the step)
         self._warming = False        # this carried step is one of the warm-up's (else an exact step)
         self._carried_codec = None   # how this carried step travels: as it is, or in fp16 (an exact step's choice)
+        self._exact_in_8_bits = False  # this step is an exact step exchanged by the 8-bit bucket below
+        self._exact_bucket = None    # that bucket (stateless: no error feedback), made at its first step
         self.steps_exchanged = 0     # steps whose sums were finite, carried or compressed
         self.exact_report = None     # (index, exact) of the last of them; None before one, and after a load
 
@@ -185,7 +192,8 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
                              "(one compressor instance per optimizer, one name per tensor)")
         frozen = parameter is not None and not parameter.requires_grad
         (self._frozen if frozen else self._recorded)[key] = tensor
-        self.exchanges.arrived(key, self._recorded, self._frozen)
+        if not self._exact_in_8_bits:  # the schedule's buckets are the compressed steps'
+            self.exchanges.arrived(key, self._recorded, self._frozen)
         probe = torch.ones(1, dtype=torch.float32, device=tensor.device)
         self.record(key, tensor, probe)
         return probe, ("sparse", key)
@@ -196,11 +204,16 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._carried = FiniteCheck()
         self._warming = self._carried_steps < self._dense_steps
         schedule = self.exact_schedule
-        self._carrying = self._warming or (schedule is not None and schedule.is_exact(self.steps_exchanged))
+        exact = not self._warming and schedule is not None and schedule.is_exact(self.steps_exchanged)
+        self._exact_in_8_bits = exact and schedule.compression == "int8"
+        self._carrying = self._warming or (exact and not self._exact_in_8_bits)
         if self._carrying:
             self._carried_sums, self._decompressed = FiniteCheck(), 0
-            in_fp16 = not self._warming and schedule.compression == "fp16"
-            self._carried_codec = FP16_EXACT if in_fp16 else None
+            self._carried_codec = FP16_EXACT if exact and schedule.compression == "fp16" else None
+            return
+        if self._exact_in_8_bits:  # out of band, by the exact steps' own bucket (at the first decompress)
+            if self._exact_bucket is None:
+                self._exact_bucket = Bucket(create(EXACT_INT8), TORCH_ARRAYS)
             return
         if self._hand_over:  # the first compressed step: the pipelines count the carried steps in
             self.exchanges.load_state_dict({PIPELINE_KEY: {"step": self._carried_steps}})
@@ -238,15 +251,21 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             return summed
         if self._results is None:
             try:
-                self._results = self.exchanges.finish(self._recorded, self._frozen, self._carried.all())
+                if self._exact_in_8_bits:
+                    self._results = self._exact_bucket.exchange(self._recorded, self._frozen, self.comm,
+                                                                f"{self.algorithm.name} (exact step in 8 bits)",
+                                                                self._carried.all())
+                else:
+                    self._results = self.exchanges.finish(self._recorded, self._frozen, self._carried.all())
             except NonFiniteGradientError as error:  # every rank is here: the check was agreed
                 if self.nonfinite == "raise":
                     self._optimizer.abandon_step()
                     raise_with_hint(error)
                 self._results = NonFiniteSum(self._recorded, self._frozen)
             else:
-                self._count_step(exact=False)
-            self.pipelines = self.exchanges.pipelines
+                self._count_step(exact=self._exact_in_8_bits)
+            self.pipelines = ({"(exact)": (self._exact_bucket.layout, self._exact_bucket.pipeline)}
+                              if self._exact_in_8_bits else self.exchanges.pipelines)
         return self._results.write(info, probe_scale(tensor, self.world_size))
 
     def _count_step(self, exact):
@@ -302,9 +321,10 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         process set and P again), from ``state`` (:meth:`state_dict`'s form; what carries over
         is :mod:`horovod_sparse.torch.elastic`'s business). A step in progress is dropped:
         elastic Horovod runs it again."""
-        self.exchanges.close()
+        self.close()
         self.exchanges = StepExchanges(self.algorithm, TORCH_ARRAYS, self.schedule, self.profile_steps,
                                        self.trial_steps)
+        self._exact_bucket = None  # its pipeline was made on the old world's ranks
         self.pipelines, self._comm = {}, None
         self._caller_checked = self._schedule_agreed = False
         self._step_finished, self._carrying = True, False
@@ -320,9 +340,13 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             return {"horovod": f"warm-up: dense until step {self._dense_steps}, on Horovod's allreduce"}
         schedule = self.exact_schedule
         if schedule is not None and schedule.is_exact(self.steps_exchanged):
+            if schedule.compression == "int8":
+                return {"(exact)": f"{schedule.describe(self.steps_exchanged)}, out of band in 8 bits ({EXACT_INT8})"}
             in_fp16 = " in fp16" if schedule.compression == "fp16" else ""
             return {"horovod": f"{schedule.describe(self.steps_exchanged)}, on Horovod's allreduce{in_fp16}"}
         return super().regime()
 
     def close(self):
         self.exchanges.close()
+        if self._exact_bucket is not None:
+            self._exact_bucket.close()

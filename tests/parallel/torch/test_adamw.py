@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+import horovod_sparse
 import horovod_sparse.torch as hvds
 from horovod_sparse.agreement import allgather_int64, communicator_of
 from horovod_sparse.checkpoint import gather_state, scatter_state
-from horovod_sparse.exact_steps import ExactSteps
+from horovod_sparse.exact_steps import EXACT_INT8, ExactSteps
+from horovod_sparse.layout import GradientLayout, key_order
 from grad_scaler import grad_scaler_step
 from test_schedules import five_layers, flat, local_gradients, loss_of, train_step
 
@@ -45,29 +47,46 @@ def counters(opt, compression):
             int(opt.state[first]["step"]), int(opt.state[first]["exact_step"]))
 
 
+def int8_average(local, comm):
+    """An exact step in 8 bits, computed apart: EXACT_INT8's numpy pipeline on this rank's gradients,
+    fused in name order as the compressor fuses them, over P (collective)."""
+    names = sorted(local, key=key_order)
+    layout = GradientLayout([(name, local[name].shape, "float32") for name in names])
+    with horovod_sparse.create(EXACT_INT8).make_pipeline(layout.n, comm, layout=layout) as pipeline:
+        parts = layout.split(pipeline.step(layout.fuse([local[e.key] for e in layout.entries]), tag=layout.tag)
+                             / np.float32(hvd.size()))
+    return {e.key: part.reshape(local[e.key].shape) for e, part in zip(layout.entries, parts)}
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("schedule, exact_compression", [("after_backward", "none"), ("mgwfbp", "none"),
-                                                         ("after_backward", "fp16")])
-def test_exact_steps_are_horovods_average_on_every_rank_and_replicas_agree(schedule, exact_compression,
+                                                         ("after_backward", "fp16"), ("mgwfbp", "int8")])
+def test_exact_steps_are_horovods_average_on_every_rank_and_replicas_agree(schedule, exact_compression, comm,
                                                                             assert_identical_across_ranks):
     """Also with a planned schedule (buckets on channel threads): its exchanges skip the exact
     steps. With ``exact_compression="fp16"`` the schedule's exact steps are Horovod's average
-    under its own ``Compression.fp16``, the compressor's warm-up steps still Horovod's in fp32."""
+    under its own ``Compression.fp16``; with ``"int8"`` EXACT_INT8's average, computed apart; the
+    compressor's warm-up steps are Horovod's in fp32 under all three."""
     model = five_layers()
     opt, compression = adamw(model, exact_compression, schedule=schedule, profile_steps=1)
-    in_fp16 = exact_compression == "fp16"
     reports = []
     try:
         for step in range(STEPS):
             if step == 10:   # exact on the schedule, after the warm-ups
-                assert compression.regime() == {"horovod": "exact every 4 steps (step 10 exact), on Horovod's "
-                                                           f"allreduce{' in fp16' if in_fp16 else ''}"}
+                assert compression.regime() == (
+                    {"(exact)": f"exact every 4 steps (step 10 exact), out of band in 8 bits ({EXACT_INT8})"}
+                    if exact_compression == "int8" else
+                    {"horovod": "exact every 4 steps (step 10 exact), on Horovod's "
+                                f"allreduce{' in fp16' if exact_compression == 'fp16' else ''}"})
             local = local_gradients(model, step)
             reduced = train_step(model, opt, step)
             reports.append(compression.exact_report)
-            wire = hvd.Compression.fp16 if in_fp16 and step >= WARMUP else hvd.Compression.none
-            exact_average = {name: hvd.allreduce(torch.from_numpy(g), name=f"check.{name}", compression=wire).numpy()
-                             for name, g in local.items()}
+            if exact_compression == "int8" and step >= WARMUP and expected_exact(step):
+                exact_average = int8_average(local, comm)
+            else:
+                wire = hvd.Compression.fp16 if exact_compression == "fp16" and step >= WARMUP else hvd.Compression.none
+                exact_average = {name: hvd.allreduce(torch.from_numpy(g), name=f"check.{name}",
+                                                     compression=wire).numpy() for name, g in local.items()}
             same = all(np.array_equal(reduced[name], exact_average[name]) for name in local)
             assert same == expected_exact(step), f"step {step}: exact average {same}, expected {expected_exact(step)}"
     finally:
@@ -95,11 +114,12 @@ def scaled_step(model, opt, scaler, step, poisoned):
 
 
 @pytest.mark.timeout(120)
-def test_an_overflowed_step_moves_no_counter(assert_identical_across_ranks):
+@pytest.mark.parametrize("exact_compression", ["none", "int8"])  # int8: an exact step out of band overflows
+def test_an_overflowed_step_moves_no_counter(exact_compression, assert_identical_across_ranks):
     """Poisoned on a compressed step (5) and on an exact one (6): both are skipped, no counter
     moves, the schedule goes on where it was, training goes on."""
     model = five_layers()
-    opt, compression = adamw(model)
+    opt, compression = adamw(model, exact_compression)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=1000)
     poisoned, taken = (5, 6), 0
     for step in range(12):
@@ -117,11 +137,12 @@ def test_an_overflowed_step_moves_no_counter(assert_identical_across_ranks):
 
 
 @pytest.mark.timeout(120)
-def test_a_checkpoint_before_a_variance_refresh_resumes_bit_for_bit(assert_identical_across_ranks):
+@pytest.mark.parametrize("exact_compression", ["none", "int8"])  # int8: its exact steps' bucket keeps no state
+def test_a_checkpoint_before_a_variance_refresh_resumes_bit_for_bit(exact_compression, assert_identical_across_ranks):
     """Saved after step 8 (step 9 compressed, 10 exact): the resumed run's steps 9-12 give the
     same parameters as the run that went on."""
     model = five_layers()
-    opt, compression = adamw(model)
+    opt, compression = adamw(model, exact_compression)
     for step in range(9):
         train_step(model, opt, step)
     saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()), gather_state(compression))
@@ -129,7 +150,8 @@ def test_a_checkpoint_before_a_variance_refresh_resumes_bit_for_bit(assert_ident
         train_step(model, opt, step)
 
     resumed_model = five_layers()
-    resumed, resumed_compression = adamw(resumed_model)  # its broadcast step decays the weights: load after
+    # its broadcast step decays the weights: load after
+    resumed, resumed_compression = adamw(resumed_model, exact_compression)
     resumed_model.load_state_dict(saved[0])
     resumed.load_state_dict(saved[1])
     scatter_state(resumed_compression, saved[2] if hvd.rank() == 0 else None)

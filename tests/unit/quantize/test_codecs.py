@@ -25,7 +25,8 @@ from horovod_sparse.registry import create
 ALL_CODECS = [BF16Codec(), QSGDCodec(), QSGDCodec(levels=1, bucket_size=7),
               QSGDCodec(levels=2 ** 15 - 1, bucket_size=3), QSGDCodec(levels=5, bucket_size=1),
               TernGradCodec(), SignCodec(), ScaledSignCodec(), OneBitCodec(),
-              Int4Codec(), Int4Codec(bits=3, bucket_size=7), Int4Codec(bits=2, bucket_size=1)]
+              Int4Codec(), Int4Codec(bits=3, bucket_size=7), Int4Codec(bits=2, bucket_size=1),
+              Int4Codec(bits=8, bucket_size=13)]
 COUNTS = [0, 1, 7, 8, 9, 513, 1001]
 
 
@@ -92,8 +93,10 @@ def test_nbytes_formulas():
         assert OneBitCodec().nbytes(count) == 8 + math.ceil(count / 8)
         assert Int4Codec().nbytes(count) == 4 * math.ceil(count / 128) + math.ceil(count / 2)
         assert Int4Codec(3, 7).nbytes(count) == 4 * math.ceil(count / 7) + math.ceil(count * 3 / 8)
+        assert Int4Codec(8, 13).nbytes(count) == 4 * math.ceil(count / 13) + count
     assert [QSGDCodec(levels).bits for levels in (1, 2, 3, 4, 15, 16, 255, 256)] == [2, 3, 3, 4, 5, 6, 9, 10]
-    assert [(Int4Codec(bits).bits, Int4Codec(bits).levels) for bits in (2, 3, 4)] == [(2, 1), (3, 3), (4, 7)]
+    assert [(Int4Codec(bits).bits, Int4Codec(bits).levels) for bits in (2, 3, 4, 5, 8)] == \
+        [(2, 1), (3, 3), (4, 7), (5, 15), (8, 127)]
 
 
 @pytest.mark.parametrize("codec", ALL_CODECS, ids=repr)
@@ -258,10 +261,10 @@ def test_qsgd_codec_bad_parameters(kwargs, name):
         QSGDCodec(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs,accepted", [(dict(bits=1), r"bits must be an integer in \[2, 4\]"),
-                                             (dict(bits=5), r"bits must be an integer in \[2, 4\]"),
-                                             (dict(bits=4.0), r"bits must be an integer in \[2, 4\]"),
-                                             (dict(bits=True), r"bits must be an integer in \[2, 4\]"),
+@pytest.mark.parametrize("kwargs,accepted", [(dict(bits=1), r"bits must be an integer in \[2, 8\]"),
+                                             (dict(bits=9), r"bits must be an integer in \[2, 8\]"),
+                                             (dict(bits=4.0), r"bits must be an integer in \[2, 8\]"),
+                                             (dict(bits=True), r"bits must be an integer in \[2, 8\]"),
                                              (dict(bucket_size=0), r"bucket_size must be an integer in \[1, "),
                                              (dict(bucket_size=2 ** 31), r"bucket_size must be an integer in \[1, ")])
 def test_int4_bad_parameters(kwargs, accepted):
@@ -314,6 +317,7 @@ ORACLES = {
     "Int4Codec(bits=4, bucket_size=128)": lambda x, seed: oracle.int4(x, 4, 128),
     "Int4Codec(bits=3, bucket_size=7)": lambda x, seed: oracle.int4(x, 3, 7),
     "Int4Codec(bits=2, bucket_size=1)": lambda x, seed: oracle.int4(x, 2, 1),
+    "Int4Codec(bits=8, bucket_size=13)": lambda x, seed: oracle.int4(x, 8, 13),
 }
 ORACLE_CODECS = [c for c in ALL_CODECS if repr(c) in ORACLES] + [QSGDCodec(levels=100, bucket_size=10)]
 
@@ -384,7 +388,7 @@ def int4_adversarial(bucket, seed=0):
     return np.concatenate(pieces).astype(np.float32)
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
 @pytest.mark.parametrize("bucket", [1, 8, 13, 128])
 def test_int4_adversarial_inputs_match_the_oracle(bits, bucket):
     """Bytes and floats bitwise the oracle's, on numpy arrays and torch tensors (an odd total
@@ -400,7 +404,7 @@ def test_int4_adversarial_inputs_match_the_oracle(bits, bucket):
         np.testing.assert_array_equal(values.view(np.uint32), expected_values.view(np.uint32))
 
 
-@pytest.mark.parametrize("bits,bucket", [(2, 8), (3, 13), (4, 128), (3, 2 ** 31 - 1)])
+@pytest.mark.parametrize("bits,bucket", [(2, 8), (3, 13), (4, 128), (8, 128), (3, 2 ** 31 - 1)])
 def test_int4_on_torchs_own_kernels_is_the_oracles(bits, bucket, monkeypatch):
     """What a CUDA tensor runs (torch's amax, round, divide; a CPU tensor's math runs on its numpy
     view), here on the CPU: the oracle's bytes and floats, and encode's ``decoded``."""
@@ -418,7 +422,7 @@ def test_int4_on_torchs_own_kernels_is_the_oracles(bits, bucket, monkeypatch):
     np.testing.assert_array_equal(values.view(np.uint32), expected_values.view(np.uint32))
 
 
-@pytest.mark.parametrize("bits,bucket", [(2, 8), (3, 13), (4, 128), (3, 2 ** 31 - 1)])
+@pytest.mark.parametrize("bits,bucket", [(2, 8), (3, 13), (4, 128), (8, 128), (3, 2 ** 31 - 1)])
 def test_int4_on_tensorflow_is_the_oracles(bits, bucket):
     """TensorFlow's ops (the frontend's on-device step) give the oracle's bytes and floats, also
     where TensorFlow flushes denormals on the CPU (the smallest scales, huge maxima)."""
