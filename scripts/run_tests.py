@@ -36,7 +36,7 @@ PARALLEL_GROUPS = {
     "tensorflow": [2, 3],
     "worlds": [4],  # several Horovod jobs inside one mpirun: its scenarios name four processes
     # the exchange on recorded selections at high P only (a few short tests): at 8, past the small
-    # counts above (16 ranks on 2 cores spent 40 s starting interpreters, for the same code paths)
+    # counts above (at 16 too it took 31-43 s a run: 16 interpreters on 2 cores)
     "scale": [8],
 }
 #: groups that share one launch per process count (each launch runs those of them that include
@@ -46,8 +46,8 @@ UNIT_WALL_SECONDS = 1500  # about 6 min here
 MPIRUN_WALL_SECONDS = 900
 # groups launched by ``horovodrun --gloo`` instead of mpirun (Horovod's ranks are not one MPI job's:
 # the exchanges run over Horovod's collectives), with their process counts and wall-clock bound (per launch)
-# (3, an odd count: Horovod's collectives over Gloo take any count alike, and each launch of a
-# module costs about 25 s of start-up; mpirun's groups cover P = 2)
+# (3, an odd count: Horovod's collectives over Gloo take any count alike; at P = 2 too the two
+# modules' launches took 73 s more, and mpirun's groups cover P = 2)
 HOROVODRUN_GROUPS = {"gloo": [3]}
 HOROVODRUN_WALL_SECONDS = 240
 
@@ -152,8 +152,9 @@ def outcomes(junit_files):
 
 def launches(groups):
     """[(group, process counts)] in the order asked, the groups of SHARED_LAUNCH asked together
-    joined into launches per count (``exchange+sparsify-np3``: the groups that include 3), where
-    the first of them was asked; groups without tests are left out."""
+    joined into one launch per count, where the first of them was asked (all three:
+    ``exchange`` at 1, ``exchange+sparsify+quantize`` at 2, 3 and 4, ``exchange`` at 5);
+    groups without tests are left out."""
     has_tests = [g for g in groups if g == "unit" or any((ROOT / "tests" / "parallel" / g).glob("test_*.py"))]
     shared = [g for g in has_tests if g in SHARED_LAUNCH]
     out, joined = [], False
