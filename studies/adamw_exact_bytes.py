@@ -38,7 +38,7 @@ def bytes_per_step(spec, exact_compression):
         opt.zero_grad()
         stdlib_lm.loss(model, next(batches)).backward()
         opt.step()
-        index, exact = compression.exact_report
+        _, exact = compression.exact_report
         sent.setdefault(exact, compression.bytes_sent_per_step(hvd.size()))
     compression.close()
     return sent[True], sent[False]

@@ -1,6 +1,6 @@
-"""TensorFlow under ``horovodrun --gloo -np 3`` (scripts/run_tests.py; the tests take any count): the TensorFlow frontend's exchanges (host calls
-inside the traced step, ``tf.numpy_function``) run over ``horovod.tensorflow``'s own collectives,
-eagerly, beside the step's pending allreduces
+"""TensorFlow under ``horovodrun --gloo -np 3`` (scripts/run_tests.py; the tests take any count):
+the TensorFlow frontend's exchanges (host calls inside the traced step, ``tf.numpy_function``)
+run over ``horovod.tensorflow``'s own collectives, eagerly, beside the step's pending allreduces
 (:class:`~horovod_sparse.horovod_collectives.HorovodCollectives`). A ``tf.function`` step through
 ``DistributedGradientTape`` and Keras ``fit`` through Horovod's ``DistributedOptimizer`` train with
 bitwise-identical replicas; ``dense`` equals Horovod's own ``none``, bit for bit at P = 2 (a + b
