@@ -7,7 +7,10 @@ exchanges, both over :class:`~.comm.CountingComm` (every byte counted):
 
 * ``"alltoall"`` (DeepSpeed 1-bit Adam's compressed allreduce; volume per rank about
   2 (P-1)/P * nbytes(n), independent of P): the vector is cut into P chunks, chunk
-  j = [j*n//P, (j+1)*n//P) belonging to rank j.
+  j = [b_j, b_{j+1}) belonging to rank j, b_j = (j * (n // u) // P) * u for 0 < j < P
+  (b_0 = 0, b_P = n), u the codec's ``chunk_unit`` (1 unless it says otherwise: j*n//P).
+  A code with buckets gives its bucket size, so that the chunks start at a bucket's start
+  and every bucket holds the same values as in one code of the whole vector.
 
   1. Every rank encodes each chunk j with seed ``derive_seed(seed, rank, j)`` and sends
      it to its owner (one Alltoallv; sizes come from ``codec.nbytes``, so no size
@@ -143,7 +146,8 @@ class CompressedAllreduce(CountedExchange):
         self.size, self.rank = self._comm.size, self._comm.rank
         P = self.size
         #: chunk j of the alltoall method is [bounds[j], bounds[j + 1])
-        self.bounds = [j * self.n // P for j in range(P + 1)]
+        unit = getattr(codec, "chunk_unit", 1)
+        self.bounds = [0] + [j * (self.n // unit) // P * unit for j in range(1, P)] + [self.n]
         self.chunk_sizes = [self.bounds[j + 1] - self.bounds[j] for j in range(P)]
         #: bytes of each chunk's code, and where each starts in a buffer of all of them
         self.chunk_nbytes = [codec.nbytes(s) for s in self.chunk_sizes]

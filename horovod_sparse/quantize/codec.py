@@ -73,6 +73,9 @@ class ValueCodec:
     stochastic = False
     #: "sum" or "majority"
     aggregate = "sum"
+    #: the compressed allreduce cuts its chunks at multiples of this many values
+    #: (:mod:`horovod_sparse.exchange.compressed`)
+    chunk_unit = 1
 
     #: True where :meth:`_encode_fused` / :meth:`_decode_fused` run compiled kernels
     #: (:mod:`horovod_sparse.ops.cpu.quantize`) on CPU arrays

@@ -22,6 +22,7 @@ from horovod_sparse.ops.finite import all_finite
 from horovod_sparse.quantize.absmax import Int4Codec
 from horovod_sparse.quantize.codecs import (OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec, TernGradCodec,
                                             _StochasticLevels)
+from horovod_sparse.quantize.onebit_buckets import BucketedOneBitCodec
 from horovod_sparse.quantize.scratch import Scratch
 from kernel_inputs import unaligned
 from horovod_sparse.quantize.sums import tree_sum_rows
@@ -39,7 +40,9 @@ CODECS = [QSGDCodec(), QSGDCodec(levels=1, bucket_size=7), QSGDCodec(levels=2 **
           QSGDCodec(levels=127), QSGDCodec(levels=64, bucket_size=3), QSGDCodec(levels=127, bucket_size=2 ** 31 - 1),
           SignCodec(), ScaledSignCodec(), OneBitCodec(),
           # int4: the levels' kernels rounding to nearest
-          Int4Codec(), Int4Codec(bits=3, bucket_size=7), Int4Codec(bits=2, bucket_size=1000)]
+          Int4Codec(), Int4Codec(bits=3, bucket_size=7), Int4Codec(bits=2, bucket_size=1000),
+          # 1 bit over buckets: on words of bits (256), value by value (7), both (100: some start on a word)
+          BucketedOneBitCodec(), BucketedOneBitCodec(7), BucketedOneBitCodec(100)]
 
 
 @pytest.fixture(autouse=True)
@@ -192,7 +195,7 @@ def unaligned_bytes(code):
     return base[1:]
 
 
-@pytest.mark.parametrize("codec", [QSGDCodec(), TernGradCodec(), OneBitCodec()], ids=repr)
+@pytest.mark.parametrize("codec", [QSGDCodec(), TernGradCodec(), OneBitCodec(), BucketedOneBitCodec()], ids=repr)
 def test_residual_in_place_and_cpu_tensors(codec):
     """The residual may be the values themselves (the pipeline's spare); a CPU tensor runs the
     kernels on its numpy view: the same bytes."""
@@ -220,7 +223,7 @@ def test_terngrad_many_values_on_a_boundary():
 
 # ---------------------------------------------------------------- pipeline
 SPECS = ["qsgd", "qsgd:error_feedback=True", "int4", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
-         "efsignsgd:method=allgather", "onebit:method=allgather", "terngrad:method=allgather"]
+         "efsignsgd:method=allgather", "onebit:method=allgather", "terngrad:method=allgather", "onebit:bucket_size=64"]
 
 
 def steps(spec, n, library, overflow_at=2):

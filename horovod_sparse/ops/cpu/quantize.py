@@ -581,3 +581,85 @@ def levels_decode(data, count, scales, bucket, levels, bits, out):
             else:
                 code = ((low >> np.uint64(shift)) | (high << np.uint64(64 - shift))) & mask
             out[i] = (np.float32(code) - s) * step
+
+
+# ------------------------------------------------------------- 1 bit over buckets
+@jit
+def bucket_one_bit_encode(x, bucket, tiny, means, out, decoded, residual, sides):
+    """:class:`~horovod_sparse.quantize.onebit_buckets.BucketedOneBitCodec`'s code of x, bucket by
+    bucket while it is in L1: each side's values (x, or 0 beyond +-``tiny`` on the other side; a
+    NaN on both) summed in the tree order of :mod:`horovod_sparse.quantize.sums`, over the side's
+    count, a mean below ``tiny`` 0, into ``means`` ([pos, neg] per bucket); the bits (1 where
+    x <= -tiny) into ``out`` (zeroed here); ``decoded`` / ``residual`` (if not empty) the bucket's
+    mean and x minus it. ``sides``: float32 (2, bucket) scratch.
+
+    Replaces the codec's numpy passes (two selects, a concatenation, log2(bucket) tree rounds,
+    the counts, a select per value for the decoded floats, the bits and their packing)."""
+    n = x.shape[0]
+    want_decoded, want_residual = decoded.shape[0] > 0, residual.shape[0] > 0
+    for q in range((n + 7) // 8):
+        out[q] = 0
+    for k, b0 in enumerate(range(0, n, bucket)):
+        width = min(bucket, n - b0)
+        xs = x[b0:b0 + width]
+        pos, neg = sides[0], sides[1]
+        negatives = 0
+        for i in range(width):
+            v = xs[i]
+            pos[i] = np.float32(0) if v < tiny else v
+            neg[i] = np.float32(0) if v > -tiny else v
+            if v <= -tiny:
+                negatives += 1
+        w = width
+        while w > 1:
+            half = w // 2
+            for j in range(half):
+                pos[j] = pos[j] + pos[j + w - half]
+                neg[j] = neg[j] + neg[j + w - half]
+            w -= half
+        p = pos[0] / np.float32(max(width - negatives, 1))
+        m = neg[0] / np.float32(max(negatives, 1))
+        p = np.float32(0) if abs(p) < tiny else p
+        m = np.float32(0) if abs(m) < tiny else m
+        means[2 * k], means[2 * k + 1] = p, m
+        if b0 % 64:                                  # a bucket not on a word of bits: value by value
+            for i in range(width):
+                if xs[i] <= -tiny:
+                    out[(b0 + i) >> 3] |= np.uint8(1 << ((b0 + i) & 7))
+        else:
+            for w0 in range(0, width, 64):           # 64 values a word
+                lanes = min(64, width - w0)
+                mask = np.uint64(0)
+                for b in range(lanes):
+                    if xs[w0 + b] <= -tiny:
+                        mask |= np.uint64(1) << np.uint64(b)
+                o = out[(b0 + w0) >> 3:((b0 + w0) >> 3) + (lanes + 7) // 8]
+                for q in range((lanes + 7) // 8):
+                    o[q] = np.uint8((mask >> np.uint64(8 * q)) & np.uint64(0xFF))
+        if want_decoded:
+            ds = decoded[b0:b0 + width]
+            for i in range(width):
+                ds[i] = m if xs[i] <= -tiny else p
+        if want_residual:                            # after decoded: residual may be x itself
+            rs = residual[b0:b0 + width]
+            for i in range(width):
+                rs[i] = xs[i] - (m if xs[i] <= -tiny else p)
+
+
+@jit
+def bucket_one_bit_decode(data, count, bucket, means, out):
+    """out[i] = means[2 k + bit i] for value i of bucket k, the first ``count`` bits of ``data``
+    (LSB first): :class:`~horovod_sparse.quantize.onebit_buckets.BucketedOneBitCodec`'s decode."""
+    for k, b0 in enumerate(range(0, count, bucket)):
+        p, m = means[2 * k], means[2 * k + 1]
+        end = min(b0 + bucket, count)
+        if b0 % 64:                                  # a bucket not on a word of bits: value by value
+            for i in range(b0, end):
+                out[i] = m if (data[i >> 3] >> (i & 7)) & 1 else p
+            continue
+        for w0 in range(b0, end, 64):                # 64 values a word: the select loop vectorises
+            lanes = min(64, end - w0)
+            word = _word(data, w0, lanes)
+            os = out[w0:w0 + lanes]
+            for b in range(lanes):
+                os[b] = m if (word >> np.uint64(b)) & np.uint64(1) else p

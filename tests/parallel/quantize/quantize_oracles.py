@@ -34,13 +34,18 @@ def sum_in_rank_order(pieces, count):
     return total
 
 
+def chunk_bounds(n, size, unit):
+    """The documented chunks: rank j's starts at (j * (n // unit) // size) * unit."""
+    return [0] + [(j * (n // unit) // size) * unit for j in range(1, size)] + [n]
+
+
 class ExchangeOracle:
     """The exchange's result for inputs (P, n); keeps the owners' server residuals."""
 
     def __init__(self, n, codec, method, size, server_error_feedback=False):
         self.n, self.codec, self.method, self.size = n, codec, method, size
         self.majority = codec.aggregate == "majority"
-        self.bounds = [j * n // size for j in range(size + 1)]
+        self.bounds = chunk_bounds(n, size, getattr(codec, "chunk_unit", 1))
         self.server = ([np.zeros(self.bounds[j + 1] - self.bounds[j], np.float32) for j in range(size)]
                        if server_error_feedback else None)
 
@@ -81,5 +86,6 @@ def payload_bytes_sent(codec, method, n, size, rank):
     """The documented exact payload bytes a rank sends per call."""
     if method == "allgather":
         return (size - 1) * codec.nbytes(n)
-    chunk = [(j + 1) * n // size - j * n // size for j in range(size)]
+    b = chunk_bounds(n, size, getattr(codec, "chunk_unit", 1))
+    chunk = [b[j + 1] - b[j] for j in range(size)]
     return sum(codec.nbytes(chunk[j]) for j in range(size) if j != rank) + (size - 1) * codec.nbytes(chunk[rank])

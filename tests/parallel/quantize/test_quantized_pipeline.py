@@ -20,6 +20,7 @@ from horovod_sparse.exchange.seeds import derive_seed
 from horovod_sparse.quantize.absmax import Int4Codec
 from horovod_sparse.quantize.codecs import (BF16Codec, OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec,
                                             TernGradCodec)
+from horovod_sparse.quantize.onebit_buckets import BucketedOneBitCodec
 from horovod_sparse.quantize.pipeline import QuantizedPipeline
 
 N = 1001
@@ -38,6 +39,7 @@ SPECS = {
     "efsignsgd:method=allgather": (ScaledSignCodec(), True, None),
     "onebit": (OneBitCodec(), True, None),
     "onebit:method=allgather": (OneBitCodec(), True, None),
+    "onebit:bucket_size=10": (BucketedOneBitCodec(10), True, None),
     "bf16:error_feedback=true": (BF16Codec(), True, None),
     "int4": (Int4Codec(4, 128), True, None),
     "int4:bits=2,bucket_size=10,method=allgather": (Int4Codec(2, 10), True, None),

@@ -28,6 +28,7 @@ from device_steps import oracle_averages, random_targets, run_gradients  # tests
 SHAPES = [(64, 40), (300,), (50, 30), (7,)]
 STEPS = 5
 SPECS = ["signsgd", "signsgd:method=allgather", "signum", "efsignsgd", "efsignsgd:method=allgather", "onebit",
+         "onebit:bucket_size=100,method=allgather",
          "terngrad", "terngrad:method=allgather,error_feedback=True", "qsgd", "qsgd:levels=3,bucket_size=100",
          "qsgd:method=allgather", "int4", "int4:bits=3,bucket_size=100,method=allgather", "bf16",
          "bf16:error_feedback=True", "dense:method=alltoall",

@@ -21,7 +21,7 @@ from test_sparsifiers import SHAPES, demo_model_bytes, exchange, flat_parameters
 pytestmark = pytest.mark.world_sizes(2, 3)  # the frontend's oracles at an odd count (each rank's share of the average)
 
 SPECS = ["bf16", "qsgd", "qsgd:method=allgather", "int4", "terngrad", "signsgd", "signum", "efsignsgd", "onebit",
-         "powersgd:rank=2", "fft", "fft:exchange=oktopk"]
+         "onebit:bucket_size=64", "powersgd:rank=2", "fft", "fft:exchange=oktopk"]
 #: run with plain SGD: compressors that apply momentum themselves, and signSGD by definition
 OWN_MOMENTUM = ("signum", "signsgd")  # signSGD is plain SGD on signs; Signum has its own momentum
 #: learning rates other than 0.05: the sign methods move every coordinate by lr each step (their

@@ -130,6 +130,31 @@ def onebit(x):
             np.where(negative, neg, pos).astype(F32))
 
 
+def onebit_buckets(x, bucket):
+    """(bytes, decoded) of 1-bit SGD's two means per bucket as documented: a value is negative at
+    or below -2**-126 (zeros, denormals, NaN are not); per bucket the tree sums of its values on
+    each side (x at or beyond +-2**-126, else +0; a NaN on both), divided by the side's count (at
+    least 1), a mean below 2**-126 in magnitude +0; all the means first, two per bucket, then
+    the bits."""
+    tiny = 2.0 ** -126
+    means, decoded = [], []
+
+    def flushed(mean):
+        return F32(0) if abs(float(mean)) < tiny else mean
+
+    with np.errstate(all="ignore"):
+        for start in range(0, x.size, bucket):
+            part = [F32(a) for a in x[start:start + bucket]]
+            negative = [float(a) <= -tiny for a in part]
+            pos = tree_sum([F32(0) if float(a) < tiny else a for a in part]) / F32(max(len(part) - sum(negative), 1))
+            neg = tree_sum([F32(0) if float(a) > -tiny else a for a in part]) / F32(max(sum(negative), 1))
+            pos, neg = flushed(F32(pos)), flushed(F32(neg))
+            means += [pos, neg]
+            decoded += [neg if n else pos for n in negative]
+    bits = packed([int(float(a) <= -tiny) for a in x], 1)
+    return np.concatenate([floats_bytes(*means), bits]).astype(np.uint8), np.array(decoded, dtype=F32)
+
+
 def int4(x, bits, bucket):
     """(bytes, decoded) of int4's absmax code as documented: S = max |x| of the bucket (NaN if it
     holds one; 0 below L * 2**-126), level = round(F32(F32(x / S) * L)) with Python's round (ties

@@ -20,13 +20,15 @@ from horovod_sparse.quantize.absmax import Int4Codec
 from horovod_sparse.quantize.bitpack import pack, packed_nbytes, unpack
 from horovod_sparse.quantize.codecs import (BF16Codec, OneBitCodec, QSGDCodec, ScaledSignCodec, SignCodec,
                                             TernGradCodec)
+from horovod_sparse.quantize.onebit_buckets import BucketedOneBitCodec
 from horovod_sparse.registry import create
 
 ALL_CODECS = [BF16Codec(), QSGDCodec(), QSGDCodec(levels=1, bucket_size=7),
               QSGDCodec(levels=2 ** 15 - 1, bucket_size=3), QSGDCodec(levels=5, bucket_size=1),
               TernGradCodec(), SignCodec(), ScaledSignCodec(), OneBitCodec(),
               Int4Codec(), Int4Codec(bits=3, bucket_size=7), Int4Codec(bits=2, bucket_size=1),
-              Int4Codec(bits=8, bucket_size=13)]
+              Int4Codec(bits=8, bucket_size=13), BucketedOneBitCodec(), BucketedOneBitCodec(7),
+              BucketedOneBitCodec(1)]
 COUNTS = [0, 1, 7, 8, 9, 513, 1001]
 
 
@@ -94,6 +96,7 @@ def test_nbytes_formulas():
         assert Int4Codec().nbytes(count) == 4 * math.ceil(count / 128) + math.ceil(count / 2)
         assert Int4Codec(3, 7).nbytes(count) == 4 * math.ceil(count / 7) + math.ceil(count * 3 / 8)
         assert Int4Codec(8, 13).nbytes(count) == 4 * math.ceil(count / 13) + count
+        assert BucketedOneBitCodec(7).nbytes(count) == 8 * math.ceil(count / 7) + math.ceil(count / 8)
     assert [QSGDCodec(levels).bits for levels in (1, 2, 3, 4, 15, 16, 255, 256)] == [2, 3, 3, 4, 5, 6, 9, 10]
     assert [(Int4Codec(bits).bits, Int4Codec(bits).levels) for bits in (2, 3, 4, 5, 8)] == \
         [(2, 1), (3, 3), (4, 7), (5, 15), (8, 127)]
@@ -252,6 +255,59 @@ def test_onebit_exact():
     np.testing.assert_array_equal(OneBitCodec().encode(only_pos)[:8].view(np.float32), [1, 0])
 
 
+def onebit_adversarial(bucket, seed=0):
+    """Buckets that stress the two means, ``bucket`` values each (the last one short): all
+    zeros of both signs, all negative, all positive, a NaN, infs of both signs together,
+    denormals, huge values whose sum overflows, random normals; shuffled within each bucket."""
+    rng = np.random.default_rng(seed)
+    pieces = [np.where(rng.random(bucket) < 0.5, -0.0, 0.0), -np.abs(rng.standard_normal(bucket)) - 1e-3,
+              np.abs(rng.standard_normal(bucket)), np.concatenate([[np.nan], rng.standard_normal(bucket - 1)]),
+              np.concatenate([[np.inf, -np.inf], rng.standard_normal(bucket)])[:max(bucket, 2)],
+              rng.standard_normal(bucket) * 1e-41, np.full(bucket, 3e38), rng.standard_normal(bucket // 2 + 1)]
+    for piece in pieces:
+        rng.shuffle(piece)
+    return np.concatenate(pieces).astype(np.float32)
+
+
+@pytest.mark.parametrize("bucket", [1, 8, 13, 256])
+def test_onebit_buckets_adversarial_inputs_match_the_oracle(bucket):
+    """Bytes and floats bitwise the oracle's on numpy, on torch's own kernels (what a CUDA
+    tensor runs, ``cpu.device_path()``) and on TensorFlow's ops, encode's ``decoded`` too."""
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("tensorflow")
+    from horovod_sparse.ops import cpu
+    x = onebit_adversarial(bucket, seed=bucket)
+    codec = BucketedOneBitCodec(bucket)
+    expected_bytes, expected_values = oracle.onebit_buckets(x, bucket)
+    decoded = np.empty(x.size, np.float32)
+    np.testing.assert_array_equal(codec.encode(x, decoded=decoded), expected_bytes)
+    np.testing.assert_array_equal(decoded.view(np.uint32), expected_values.view(np.uint32))
+    with cpu.device_path(), np.errstate(all="ignore"):
+        t_decoded = torch.empty(x.size)
+        code = codec.encode(torch.from_numpy(x.copy()), decoded=t_decoded)
+        values = codec.decode(code, x.size)
+    np.testing.assert_array_equal(code.numpy(), expected_bytes)
+    for got in (values, t_decoded):
+        np.testing.assert_array_equal(got.numpy().view(np.uint32), expected_values.view(np.uint32))
+    code, values = codec.encode_decoded(tf.constant(x))
+    np.testing.assert_array_equal(code.numpy(), expected_bytes)
+    np.testing.assert_array_equal(values.numpy().view(np.uint32), expected_values.view(np.uint32))
+    values = codec.decode(tf.constant(expected_bytes), x.size).numpy()
+    np.testing.assert_array_equal(values.view(np.uint32), expected_values.view(np.uint32))
+
+
+def test_onebit_buckets_fit_each_buckets_scale():
+    """Two buckets of very different scales: each decodes to its own means (the paper's code,
+    one pair for the vector, gives the small bucket the large one's), and its error is the
+    smaller by orders of magnitude."""
+    x = np.concatenate([data(256, seed=1) * 1e-4, data(256, seed=2)]).astype(np.float32)
+    small = x[:256]
+    bucketed = BucketedOneBitCodec(256).roundtrip(x)[:256]
+    whole = OneBitCodec().roundtrip(x)[:256]
+    assert np.abs(bucketed).max() < 1e-3 < np.abs(whole).min()
+    assert np.linalg.norm(bucketed - small) < 1e-3 * np.linalg.norm(whole - small)
+
+
 # ----------------------------------------------------------- bad parameters
 @pytest.mark.parametrize("kwargs,name", [(dict(levels=0), "levels"), (dict(levels=2 ** 15), "levels"),
                                          (dict(levels=2.5), "levels"), (dict(bucket_size=0), "bucket_size"),
@@ -284,7 +340,9 @@ def test_int4_bad_parameters(kwargs, accepted):
     ("signum", dict(momentum=-0.1), "momentum"), ("signum", dict(method="x"), "method"),
     ("onebit", dict(error_feedback=1), "error_feedback"), ("signsgd", dict(error_feedback=True),
                                                            "error_feedback"),
-    ("int4", dict(method="ring"), "method"), ("int4", dict(error_feedback="yes"), "error_feedback")])
+    ("int4", dict(method="ring"), "method"), ("int4", dict(error_feedback="yes"), "error_feedback"),
+    ("onebit", dict(bucket_size=0), r"bucket_size must be an integer in \[1, 2147483647\]"),
+    ("onebit", dict(bucket_size=2.5), "bucket_size")])
 def test_compressor_bad_parameters(spec, params, name):
     with pytest.raises(ValueError, match=name):
         create(spec, **params)
@@ -298,6 +356,10 @@ def test_compressor_specs_and_defaults():
     assert create("int4").params == dict(bits=4, bucket_size=128, method="alltoall", error_feedback=True)
     assert create("int4:bits=3,bucket_size=64").codec().__repr__() == "Int4Codec(bits=3, bucket_size=64)"
     assert create("efsignsgd").error_feedback and create("onebit").error_feedback
+    assert create("onebit").params == dict(method="alltoall", error_feedback=True)
+    assert repr(create("onebit").codec()) == "OneBitCodec()"
+    assert create("onebit:bucket_size=256").spec == "onebit:bucket_size=256,method=alltoall,error_feedback=True"
+    assert repr(create("onebit:bucket_size=256").codec()) == "BucketedOneBitCodec(bucket_size=256)"
     assert not create("bf16").error_feedback and not create("terngrad").error_feedback
     for name in ("bf16", "qsgd", "int4", "terngrad", "signsgd", "signum", "efsignsgd", "onebit"):
         assert create(name).out_of_band
@@ -318,6 +380,9 @@ ORACLES = {
     "Int4Codec(bits=3, bucket_size=7)": lambda x, seed: oracle.int4(x, 3, 7),
     "Int4Codec(bits=2, bucket_size=1)": lambda x, seed: oracle.int4(x, 2, 1),
     "Int4Codec(bits=8, bucket_size=13)": lambda x, seed: oracle.int4(x, 8, 13),
+    "BucketedOneBitCodec(bucket_size=256)": lambda x, seed: oracle.onebit_buckets(x, 256),
+    "BucketedOneBitCodec(bucket_size=7)": lambda x, seed: oracle.onebit_buckets(x, 7),
+    "BucketedOneBitCodec(bucket_size=1)": lambda x, seed: oracle.onebit_buckets(x, 1),
 }
 ORACLE_CODECS = [c for c in ALL_CODECS if repr(c) in ORACLES] + [QSGDCodec(levels=100, bucket_size=10)]
 
