@@ -27,14 +27,16 @@ from horovod_sparse.checks import check_nonnegative_int, check_positive_int
 
 #: exact steps at the start (as many as the compressors' default warm-up, whose dense steps are exact too)
 DEFAULT_EXACT_WARMUP = 100
+#: the codes of the exact steps sent out of band (``"int8"``, ``"int6"``): absmax levels over buckets of
+#: 128 values (int4's code at 8 bits, |error| <= max / 254 per value and exchange, a quarter of an
+#: fp32 step's bytes; at 6 bits max / 62, a fifth), without error feedback (an exact step stands
+#: alone: no residual carried from one to the next, many steps later)
+EXACT_CODES = {"int8": "int4:bits=8,error_feedback=false", "int6": "int4:bits=6,error_feedback=false"}
+EXACT_INT8 = EXACT_CODES["int8"]
 #: how an exact step's gradients travel: as they are (``"none"``), cast to float16 (``"fp16"``,
-#: as Horovod's ``Compression.fp16``: half the bytes of an fp32 exact step), or in 8 bits out of
-#: band (``"int8"``: :data:`EXACT_INT8`, a quarter of the bytes)
-EXACT_COMPRESSIONS = ("none", "fp16", "int8")
-#: the 8-bit code of ``"int8"`` exact steps: absmax levels over buckets of 128 values (int4's code at
-#: 8 bits, |error| <= max / 254 per value and exchange), without error feedback (an exact step
-#: stands alone: no residual carried from one to the next, many steps later)
-EXACT_INT8 = "int4:bits=8,error_feedback=false"
+#: as Horovod's ``Compression.fp16``: half the bytes of an fp32 exact step), or out of band in
+#: 8 or 6 bits (:data:`EXACT_CODES`)
+EXACT_COMPRESSIONS = ("none", "fp16") + tuple(EXACT_CODES)
 #: the longest interval between exact steps; with beta2 = 0.999, a ``v`` at most 32 steps old
 #: (3% of its memory). Not tuned by measurement yet.
 DEFAULT_MAX_INTERVAL = 32

@@ -2,7 +2,7 @@
 
 The byte transformer of docs/results/accuracy.md (stdlib_lm, 4 x 256, P = 2) under ``--spec``
 (``onebit`` by default): one exact step and one compressed step with the exact steps sent each
-way (``exact_compression`` none, fp16, int8), their bytes as the compressor counts them
+way (``exact_compression`` none, fp16, int8, int6), their bytes as the compressor counts them
 (``bytes_sent_per_step(P)``: what its exchanges sent, and a ring allreduce's share of what
 Horovod carried: small gradients, probes, exact steps in fp32 or fp16). fp32 dense is Horovod's
 ring allreduce of every gradient, 2 (P - 1) / P x 4 n bytes. Then, for each ``--schedules``

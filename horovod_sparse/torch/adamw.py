@@ -16,9 +16,10 @@ optimizer that calls it (``exact_schedule``), carries the exact steps by Horovod
 uncompressed, and reports every step as ``exact_report`` ``(index, exact)``
 (:mod:`horovod_sparse.torch.out_of_band`). With ``exact_compression="fp16"`` the exact steps
 travel as float16, as under Horovod's ``Compression.fp16`` (half their bytes); with ``"int8"``
-out of band in 8 bits (:data:`~horovod_sparse.exact_steps.EXACT_INT8`: absmax levels over
+out of band in 8 bits (:data:`~horovod_sparse.exact_steps.EXACT_CODES`: absmax levels over
 buckets of 128 values, a quarter of their bytes, so that twice as many exact steps fit in the
-same bytes as in fp16). The compressor's own warm-up steps stay as they are.
+same bytes as in fp16), with ``"int6"`` in 6 bits (a fifth). The compressor's own warm-up steps
+stay as they are.
 
 The optimizer never guesses: it takes ``exact`` from the report and checks the index against
 its own count of exchanged steps (``exchanged_steps``, kept in each param group, so that
@@ -84,7 +85,7 @@ class AdamW(torch.optim.Optimizer):
     """``torch.optim.AdamW`` (same arguments and defaults) that updates its second moment on exact
     steps only. ``exact_warmup`` (integer >= 0) and ``max_interval`` (integer >= 1) set the
     schedule (:class:`~horovod_sparse.exact_steps.ExactSteps`), ``exact_compression``
-    (``"none"``, ``"fp16"`` or ``"int8"``) how its steps travel; ``variance_decay`` (one of
+    (``"none"``, ``"fp16"``, ``"int8"`` or ``"int6"``) how its steps travel; ``variance_decay`` (one of
     ``VARIANCE_DECAYS``) how ``v`` forgets between exact steps (module docstring). ``amsgrad``, ``foreach``,
     ``fused``, ``capturable`` and ``differentiable`` are refused (ValueError) unless left off:
     this runs torch's single-tensor update."""

@@ -38,8 +38,8 @@ Exact steps (:mod:`horovod_sparse.exact_steps`) ride the same path: where the op
 ``exact_schedule`` (:class:`horovod_sparse.torch.AdamW`), read from the optimizer calling the
 compressor, the steps it names are carried by Horovod's allreduce too, uncompressed (or cast to
 fp16, as Horovod's ``Compression.fp16`` does, where the optimizer's ``exact_compression`` says so;
-with ``"int8"`` they are exchanged out of band instead, as the compressed steps are, by an 8-bit
-code of their own: :data:`~horovod_sparse.exact_steps.EXACT_INT8`, one more :class:`Bucket`), and leave
+with ``"int8"`` or ``"int6"`` they are exchanged out of band instead, as the compressed steps are,
+by a code of their own: :data:`~horovod_sparse.exact_steps.EXACT_CODES`, one more :class:`Bucket`), and leave
 the pipelines' state (residuals, step counters) as it was. The compressor counts every step it
 exchanged whose sums are finite (``steps_exchanged``, saved with its state where a schedule is
 in use) and reports the last one as ``exact_report``: ``(its 0-based index, whether its average
@@ -66,7 +66,7 @@ from horovod_sparse.agreement import check_same_on_every_rank, communicator_of
 from horovod_sparse.checks import check_choice, check_positive_int
 from horovod_sparse.compressors.cast import FP16Compressor
 from horovod_sparse.errors import NonFiniteGradientError
-from horovod_sparse.exact_steps import EXACT_INT8
+from horovod_sparse.exact_steps import EXACT_CODES
 from horovod_sparse.horovod_frames import OneOptimizer, caller_gradient, caller_process_set, check_caller
 from horovod_sparse.layout_pipeline import PIPELINE_KEY
 from horovod_sparse.nonfinite import check_nonfinite, raise_with_hint
@@ -154,7 +154,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._decompressed = 0       # of this carried step's gradients (the last one ends the step)
         self._warming = False        # this carried step is one of the warm-up's (else an exact step)
         self._carried_codec = None   # how this carried step travels: as it is, or in fp16 (an exact step's choice)
-        self._exact_in_8_bits = False  # this step is an exact step exchanged by the 8-bit bucket below
+        self._exact_out_of_band = False  # this step is an exact step exchanged by the bucket below
         self._exact_bucket = None    # that bucket (stateless: no error feedback), made at its first step
         self.steps_exchanged = 0     # steps whose sums were finite, carried or compressed
         self.exact_report = None     # (index, exact) of the last of them; None before one, and after a load
@@ -192,7 +192,7 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
                              "(one compressor instance per optimizer, one name per tensor)")
         frozen = parameter is not None and not parameter.requires_grad
         (self._frozen if frozen else self._recorded)[key] = tensor
-        if not self._exact_in_8_bits:  # the schedule's buckets are the compressed steps'
+        if not self._exact_out_of_band:  # the schedule's buckets are the compressed steps'
             self.exchanges.arrived(key, self._recorded, self._frozen)
         probe = torch.ones(1, dtype=torch.float32, device=tensor.device)
         self.record(key, tensor, probe)
@@ -205,15 +205,15 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
         self._warming = self._carried_steps < self._dense_steps
         schedule = self.exact_schedule
         exact = not self._warming and schedule is not None and schedule.is_exact(self.steps_exchanged)
-        self._exact_in_8_bits = exact and schedule.compression == "int8"
-        self._carrying = self._warming or (exact and not self._exact_in_8_bits)
+        self._exact_out_of_band = exact and schedule.compression in EXACT_CODES
+        self._carrying = self._warming or (exact and not self._exact_out_of_band)
         if self._carrying:
             self._carried_sums, self._decompressed = FiniteCheck(), 0
             self._carried_codec = FP16_EXACT if exact and schedule.compression == "fp16" else None
             return
-        if self._exact_in_8_bits:  # out of band, by the exact steps' own bucket (at the first decompress)
+        if self._exact_out_of_band:  # out of band, by the exact steps' own bucket (at the first decompress)
             if self._exact_bucket is None:
-                self._exact_bucket = Bucket(create(EXACT_INT8), TORCH_ARRAYS)
+                self._exact_bucket = Bucket(create(EXACT_CODES[schedule.compression]), TORCH_ARRAYS)
             return
         if self._hand_over:  # the first compressed step: the pipelines count the carried steps in
             self.exchanges.load_state_dict({PIPELINE_KEY: {"step": self._carried_steps}})
@@ -251,9 +251,9 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             return summed
         if self._results is None:
             try:
-                if self._exact_in_8_bits:
+                if self._exact_out_of_band:
                     self._results = self._exact_bucket.exchange(self._recorded, self._frozen, self.comm,
-                                                                f"{self.algorithm.name} (exact step in 8 bits)",
+                                                                f"{self.algorithm.name} (exact step out of band)",
                                                                 self._carried.all())
                 else:
                     self._results = self.exchanges.finish(self._recorded, self._frozen, self._carried.all())
@@ -263,9 +263,9 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
                     raise_with_hint(error)
                 self._results = NonFiniteSum(self._recorded, self._frozen)
             else:
-                self._count_step(exact=self._exact_in_8_bits)
+                self._count_step(exact=self._exact_out_of_band)
             self.pipelines = ({"(exact)": (self._exact_bucket.layout, self._exact_bucket.pipeline)}
-                              if self._exact_in_8_bits else self.exchanges.pipelines)
+                              if self._exact_out_of_band else self.exchanges.pipelines)
         return self._results.write(info, probe_scale(tensor, self.world_size))
 
     def _count_step(self, exact):
@@ -340,8 +340,10 @@ class TorchOutOfBandCompressor(OutOfBandCompressorBase, HorovodCompressor):
             return {"horovod": f"warm-up: dense until step {self._dense_steps}, on Horovod's allreduce"}
         schedule = self.exact_schedule
         if schedule is not None and schedule.is_exact(self.steps_exchanged):
-            if schedule.compression == "int8":
-                return {"(exact)": f"{schedule.describe(self.steps_exchanged)}, out of band in 8 bits ({EXACT_INT8})"}
+            if schedule.compression in EXACT_CODES:
+                code = EXACT_CODES[schedule.compression]
+                return {"(exact)": f"{schedule.describe(self.steps_exchanged)}, out of band in "
+                                   f"{schedule.compression[3:]} bits ({code})"}
             in_fp16 = " in fp16" if schedule.compression == "fp16" else ""
             return {"horovod": f"{schedule.describe(self.steps_exchanged)}, on Horovod's allreduce{in_fp16}"}
         return super().regime()

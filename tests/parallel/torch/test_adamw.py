@@ -14,7 +14,7 @@ import horovod_sparse
 import horovod_sparse.torch as hvds
 from horovod_sparse.agreement import allgather_int64, communicator_of
 from horovod_sparse.checkpoint import gather_state, scatter_state
-from horovod_sparse.exact_steps import EXACT_INT8, ExactSteps
+from horovod_sparse.exact_steps import EXACT_CODES, ExactSteps
 from horovod_sparse.layout import GradientLayout, key_order
 from grad_scaler import grad_scaler_step
 from test_schedules import five_layers, flat, local_gradients, loss_of, train_step
@@ -47,12 +47,13 @@ def counters(opt, compression):
             int(opt.state[first]["step"]), int(opt.state[first]["exact_step"]))
 
 
-def int8_average(local, comm):
-    """An exact step in 8 bits, computed apart: EXACT_INT8's numpy pipeline on this rank's gradients,
-    fused in name order as the compressor fuses them, over P (collective)."""
+def out_of_band_average(local, comm, exact_compression):
+    """An exact step in 8 or 6 bits, computed apart: its EXACT_CODES numpy pipeline on this rank's
+    gradients, fused in name order as the compressor fuses them, over P (collective)."""
     names = sorted(local, key=key_order)
     layout = GradientLayout([(name, local[name].shape, "float32") for name in names])
-    with horovod_sparse.create(EXACT_INT8).make_pipeline(layout.n, comm, layout=layout) as pipeline:
+    with horovod_sparse.create(EXACT_CODES[exact_compression]).make_pipeline(layout.n, comm,
+                                                                             layout=layout) as pipeline:
         parts = layout.split(pipeline.step(layout.fuse([local[e.key] for e in layout.entries]), tag=layout.tag)
                              / np.float32(hvd.size()))
     return {e.key: part.reshape(local[e.key].shape) for e, part in zip(layout.entries, parts)}
@@ -60,13 +61,14 @@ def int8_average(local, comm):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("schedule, exact_compression", [("after_backward", "none"), ("mgwfbp", "none"),
-                                                         ("after_backward", "fp16"), ("mgwfbp", "int8")])
+                                                         ("after_backward", "fp16"), ("mgwfbp", "int8"),
+                                                         ("after_backward", "int6")])
 def test_exact_steps_are_horovods_average_on_every_rank_and_replicas_agree(schedule, exact_compression, comm,
                                                                             assert_identical_across_ranks):
     """Also with a planned schedule (buckets on channel threads): its exchanges skip the exact
     steps. With ``exact_compression="fp16"`` the schedule's exact steps are Horovod's average
-    under its own ``Compression.fp16``; with ``"int8"`` EXACT_INT8's average, computed apart; the
-    compressor's warm-up steps are Horovod's in fp32 under all three."""
+    under its own ``Compression.fp16``; with ``"int8"`` and ``"int6"`` the average of their
+    EXACT_CODES, computed apart; the compressor's warm-up steps are Horovod's in fp32 under all."""
     model = five_layers()
     opt, compression = adamw(model, exact_compression, schedule=schedule, profile_steps=1)
     reports = []
@@ -74,15 +76,16 @@ def test_exact_steps_are_horovods_average_on_every_rank_and_replicas_agree(sched
         for step in range(STEPS):
             if step == 10:   # exact on the schedule, after the warm-ups
                 assert compression.regime() == (
-                    {"(exact)": f"exact every 4 steps (step 10 exact), out of band in 8 bits ({EXACT_INT8})"}
-                    if exact_compression == "int8" else
+                    {"(exact)": f"exact every 4 steps (step 10 exact), out of band in {exact_compression[3:]} bits "
+                                f"({EXACT_CODES[exact_compression]})"}
+                    if exact_compression in EXACT_CODES else
                     {"horovod": "exact every 4 steps (step 10 exact), on Horovod's "
                                 f"allreduce{' in fp16' if exact_compression == 'fp16' else ''}"})
             local = local_gradients(model, step)
             reduced = train_step(model, opt, step)
             reports.append(compression.exact_report)
-            if exact_compression == "int8" and step >= WARMUP and expected_exact(step):
-                exact_average = int8_average(local, comm)
+            if exact_compression in EXACT_CODES and step >= WARMUP and expected_exact(step):
+                exact_average = out_of_band_average(local, comm, exact_compression)
             else:
                 wire = hvd.Compression.fp16 if exact_compression == "fp16" and step >= WARMUP else hvd.Compression.none
                 exact_average = {name: hvd.allreduce(torch.from_numpy(g), name=f"check.{name}",
