@@ -68,7 +68,7 @@ SPECS = [
     "dense", "dense:method=alltoall",
     "bf16:error_feedback=true", "qsgd:bucket_size=128", "int4:bits=3,bucket_size=64", "qsgd:bucket_size=128,error_feedback=true,method=allgather",
     "terngrad:error_feedback=true", "signsgd", "signum:momentum=0.5", "efsignsgd", "onebit",
-    "powersgd:rank=2", "powersgd:rank=1,warm_start=false",
+    "onebit:bucket_size=64", "powersgd:rank=2", "powersgd:rank=1,warm_start=false",
     "fft:chunk_size=256,bits=16,theta=0.8", "fft:chunk_size=200,bits=16,theta=0.8,exchange=oktopk",
 ]
 #: families whose device kernels round differently from numpy's (matmuls, float32 FFTs)

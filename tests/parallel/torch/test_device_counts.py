@@ -55,6 +55,7 @@ MEASURED = {
     "signum": ((344, 1, 1, 1), (1064, 1, 1, 1)),
     "efsignsgd": ((572, 1, 1, 1), (1312, 1, 1, 1)),
     "onebit": ((586, 1, 1, 1), (1326, 1, 1, 1)),
+    "onebit:bucket_size=256": ((546, 1, 1, 1), (1266, 1, 1, 1)),  # 2026-12-07
     "powersgd": ((394, 1, 2, 2), (1114, 1, 2, 2)),
     "fft": ((344, 1, 1, 1), (1064, 1, 1, 1)),
 }
@@ -63,7 +64,7 @@ SYNC_ROOM = 1    # a read-back that depends on the data (a rescan); a new one pe
 #: the targets (docs/cuda.md)
 TARGET_SYNCS, TARGET_OPS_PER_TENSOR, TARGET_TRANSFERS = 3, 4, 1
 #: the compressors that meet each target today, held to it
-QUANTIZERS = ("bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit")
+QUANTIZERS = ("bf16", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "onebit", "onebit:bucket_size=256")
 SPARSIFIERS = ("topk:density=0.01", "oktopk:density=0.01", "gtopk:density=0.01", "gaussiank:density=0.01",
                "dgc:density=0.01", "threshold:value=2.6")
 MEETS_SYNCS = tuple(MEASURED)  # every one
