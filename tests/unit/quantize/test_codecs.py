@@ -255,6 +255,17 @@ def test_onebit_exact():
     np.testing.assert_array_equal(OneBitCodec().encode(only_pos)[:8].view(np.float32), [1, 0])
 
 
+def assert_tensorflow_gives(codec, x, expected_bytes, expected_values):
+    """TensorFlow's ops (the frontend's on-device step) encode ``x`` to the oracle's bytes and
+    floats, and decode the oracle's bytes to its floats, bit for bit."""
+    tf = pytest.importorskip("tensorflow")
+    code, values = codec.encode_decoded(tf.constant(x))
+    np.testing.assert_array_equal(code.numpy(), expected_bytes)
+    np.testing.assert_array_equal(values.numpy().view(np.uint32), expected_values.view(np.uint32))
+    decoded = codec.decode(tf.constant(expected_bytes), x.size).numpy()
+    np.testing.assert_array_equal(decoded.view(np.uint32), expected_values.view(np.uint32))
+
+
 def onebit_adversarial(bucket, seed=0):
     """Buckets that stress the two means, ``bucket`` values each (the last one short): all
     zeros of both signs, all negative, all positive, a NaN, infs of both signs together,
@@ -274,7 +285,7 @@ def test_onebit_buckets_adversarial_inputs_match_the_oracle(bucket):
     """Bytes and floats bitwise the oracle's on numpy, on torch's own kernels (what a CUDA
     tensor runs, ``cpu.device_path()``) and on TensorFlow's ops, encode's ``decoded`` too."""
     torch = pytest.importorskip("torch")
-    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("tensorflow")
     from horovod_sparse.ops import cpu
     x = onebit_adversarial(bucket, seed=bucket)
     codec = BucketedOneBitCodec(bucket)
@@ -289,11 +300,7 @@ def test_onebit_buckets_adversarial_inputs_match_the_oracle(bucket):
     np.testing.assert_array_equal(code.numpy(), expected_bytes)
     for got in (values, t_decoded):
         np.testing.assert_array_equal(got.numpy().view(np.uint32), expected_values.view(np.uint32))
-    code, values = codec.encode_decoded(tf.constant(x))
-    np.testing.assert_array_equal(code.numpy(), expected_bytes)
-    np.testing.assert_array_equal(values.numpy().view(np.uint32), expected_values.view(np.uint32))
-    values = codec.decode(tf.constant(expected_bytes), x.size).numpy()
-    np.testing.assert_array_equal(values.view(np.uint32), expected_values.view(np.uint32))
+    assert_tensorflow_gives(codec, x, expected_bytes, expected_values)
 
 
 def test_onebit_buckets_fit_each_buckets_scale():
@@ -491,15 +498,11 @@ def test_int4_on_torchs_own_kernels_is_the_oracles(bits, bucket, monkeypatch):
 def test_int4_on_tensorflow_is_the_oracles(bits, bucket):
     """TensorFlow's ops (the frontend's on-device step) give the oracle's bytes and floats, also
     where TensorFlow flushes denormals on the CPU (the smallest scales, huge maxima)."""
-    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("tensorflow")
     x = int4_adversarial(min(bucket, 128), seed=bits)
     codec = Int4Codec(bits, bucket)
     expected_bytes, expected_values = oracle.int4(x, bits, bucket)
-    code, values = codec.encode_decoded(tf.constant(x))
-    np.testing.assert_array_equal(code.numpy(), expected_bytes)
-    np.testing.assert_array_equal(values.numpy().view(np.uint32), expected_values.view(np.uint32))
-    decoded = codec.decode(tf.constant(expected_bytes), x.size).numpy()
-    np.testing.assert_array_equal(decoded.view(np.uint32), expected_values.view(np.uint32))
+    assert_tensorflow_gives(codec, x, expected_bytes, expected_values)
 
 
 def test_int4_ties_round_to_even_and_zero_buckets_decode_as_zero():
