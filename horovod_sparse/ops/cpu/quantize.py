@@ -610,15 +610,8 @@ def bucket_one_bit_encode(x, bucket, tiny, means, out, decoded, residual, sides)
             neg[i] = np.float32(0) if v > -tiny else v
             if v <= -tiny:
                 negatives += 1
-        w = width
-        while w > 1:
-            half = w // 2
-            for j in range(half):
-                pos[j] = pos[j] + pos[j + w - half]
-                neg[j] = neg[j] + neg[j + w - half]
-            w -= half
-        p = pos[0] / np.float32(max(width - negatives, 1))
-        m = neg[0] / np.float32(max(negatives, 1))
+        p = _rounds(pos, width) / np.float32(max(width - negatives, 1))
+        m = _rounds(neg, width) / np.float32(max(negatives, 1))
         p = np.float32(0) if abs(p) < tiny else p
         m = np.float32(0) if abs(m) < tiny else m
         means[2 * k], means[2 * k + 1] = p, m
