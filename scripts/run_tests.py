@@ -57,7 +57,11 @@ MPI_ENV = {
     # Horovod 0.28 needs Keras 2 (see horovod_sparse/tensorflow/keras_check.py).
     "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
     # Up to 5 ranks share 2 cores: one thread each keeps them from starving each other.
-    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+    # Byte code written once, read by every later interpreter (empty: Python writes it, whatever the
+    # machine's environment says): the suite starts hundreds, and each compiled the package and
+    # pytest's rewritten test modules anew.
+    "PYTHONDONTWRITEBYTECODE": "",
 }
 
 

@@ -15,7 +15,7 @@ RUN_ENV = {
     "TF_USE_LEGACY_KERAS": "1",            # Horovod 0.28 needs Keras 2; the README says to set it
     "TF_CPP_MIN_LOG_LEVEL": "2",
     "OMP_NUM_THREADS": "1",                # ranks outnumber cores: one compute thread each
-    "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "",  # byte code once (scripts/run_tests.py)
 }
 
 

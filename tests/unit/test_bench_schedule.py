@@ -89,19 +89,21 @@ def test_fit_sizes_and_plans_from_a_calibration():
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 def test_quick_loopback_run_of_a_compressors_own_schedules(tmp_path):
     out = tmp_path / "oob.jsonl"
-    cmd = [_python(), _SCRIPT, "--links", "loopback", "--compressor", "dense", "--schedules", "default", "wfbp",
+    # Horovod's own fusion and the compressor's planned schedule (wfbp's plan is the planners' tests'
+    # and the run above's; one job each costs 10-40 s here)
+    cmd = [_python(), _SCRIPT, "--links", "loopback", "--compressor", "dense", "--schedules", "default",
            "auto", "--warmup", "1", "--steps", "2", "--delay-scale", "0.1", "--fit-repeats", "2",
            "--out", str(out), "--no-doc", "--timeout", "100", "--python", _python()]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_ENV)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     recs = {r["schedule"]: r for r in map(json.loads, out.read_text().splitlines())}
-    assert set(recs) == {"default", "wfbp", "auto"} and all(r["replicas_identical"] for r in recs.values())
-    assert recs["default"]["compressor"] == "horovod-none" and recs["wfbp"]["compressor"] == "dense"
+    assert set(recs) == {"default", "auto"} and all(r["replicas_identical"] for r in recs.values())
+    assert recs["default"]["compressor"] == "horovod-none" and recs["auto"]["compressor"] == "dense"
     assert recs["default"]["env"] == {}  # Horovod's own fusion, with Horovod's defaults
     auto = recs["auto"]["schedule_report"]
     assert auto["chosen"] in auto["predicted_s"] and auto["fit_r2"] <= 1.0
-    assert recs["auto"]["predicted_ms"] > 0 and recs["wfbp"]["predicted_ms"] is None   # wfbp plans without a fit
-    assert recs["wfbp"]["buckets"] == len(recs["wfbp"]["schedule_report"]["buckets"]) > 1
+    assert recs["auto"]["predicted_ms"] > 0
+    assert recs["auto"]["buckets"] == len(recs["auto"]["schedule_report"]["buckets"]) >= 1
 
     md = tmp_path / "doc.md"
     md.write_text("<!-- schedule-dense:begin -->\n<!-- schedule-dense:end -->\n")

@@ -82,6 +82,8 @@ from horovod_sparse.checkpoint import gather_state, scatter_state
 from horovod_sparse.torch.elastic import own_part
 
 SPEC, HOW, STEPS = sys.argv[1], sys.argv[2], 30
+if HOW == "killed":  # the survivors wait this long in the step the dead worker left (Horovod's default: 30 s)
+    os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = "15"
 hvd.init()
 
 
@@ -172,11 +174,11 @@ print("losses", hvd.rank(), state.loss, plain_loss, flush=True)
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
-# one compressor of each kind of state: a sparsifier's residuals and thresholds (Ok-Topk's are the
-# most; top-k's and gTop-k's are the same residuals, carried the same way), PowerSGD's Q matrices
-# and residuals, auto's decision
-@pytest.mark.parametrize("spec, how", [("oktopk:density=0.05", "removed"),
-                                       ("powersgd:rank=2", "killed"),
+# the two ways of leaving, each with a compressor whose state is carried differently: Ok-Topk's
+# residuals (the most state: its thresholds start afresh; top-k's, gTop-k's and PowerSGD's residuals
+# are carried the same way, and what starts afresh is held in test_elastic_carry.py) through a
+# worker killed in the middle of a step, and auto's decision through a removed worker
+@pytest.mark.parametrize("spec, how", [("oktopk:density=0.05", "killed"),
                                        ("auto:profile_steps=2,trial_steps=2,max_trials=2", "removed")])
 def test_a_job_that_loses_a_worker_and_regains_it_carries_the_compressors_state(tmp_path, spec, how):
     (tmp_path / "resizing.py").write_text(RESIZING)
