@@ -10,13 +10,9 @@ from scripts_under_test import load_script
 BOUNDED = load_script("bounded_run")
 
 RUN_TIMEOUT_S = 180
-RUN_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",   # the CI runs as root
-    "TF_USE_LEGACY_KERAS": "1",            # Horovod 0.28 needs Keras 2; the README says to set it
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-    "OMP_NUM_THREADS": "1",                # ranks outnumber cores: one compute thread each
-    "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "",  # byte code once (scripts/run_tests.py)
-}
+#: the environment of the test runner's own launches (root allowed, Keras 2, one thread a rank, ...),
+#: so that a program launched here runs as the parallel groups' ranks do
+RUN_ENV = load_script("run_tests").MPI_ENV
 
 
 def run_mpi_program(program_dir, name, ranks):

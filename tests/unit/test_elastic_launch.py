@@ -175,8 +175,8 @@ print("losses", hvd.rank(), state.loss, plain_loss, flush=True)
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
 # the two ways of leaving, each with a compressor whose state is carried differently: Ok-Topk's
-# residuals (the most state: its thresholds start afresh; top-k's, gTop-k's and PowerSGD's residuals
-# are carried the same way, and what starts afresh is held in test_elastic_carry.py) through a
+# residuals (top-k's, gTop-k's and PowerSGD's are carried the same way; the whole-buffer state that
+# starts afresh, the exchanges' thresholds and PowerSGD's Q's, is test_elastic_carry.py's) through a
 # worker killed in the middle of a step, and auto's decision through a removed worker
 @pytest.mark.parametrize("spec, how", [("oktopk:density=0.05", "killed"),
                                        ("auto:profile_steps=2,trial_steps=2,max_trials=2", "removed")])
