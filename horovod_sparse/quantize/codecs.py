@@ -560,7 +560,8 @@ def _per_bucket(op, x, per_bucket, bucket, out):
     count = x.shape[0]
     if namespace.is_tensorflow(x):
         tf = _tf()
-        factors = tf.repeat(per_bucket[:-(-count // bucket)], bucket)[:count]
+        # (one bucket longer than x: repeated count times, not bucket_size, up to 2**31 - 1)
+        factors = tf.repeat(per_bucket[:-(-count // bucket)], min(bucket, count))[:count]
         return getattr(tf.math, op)(x, factors)
     op = getattr(namespace.backend(x), op)
     full = count // bucket
@@ -577,7 +578,7 @@ def _broken_rows(y, broken, bucket, level):
     count = y.shape[0]
     if namespace.is_tensorflow(y):
         tf = _tf()
-        flagged = tf.repeat(broken[:-(-count // bucket)], bucket)[:count]
+        flagged = tf.repeat(broken[:-(-count // bucket)], min(bucket, count))[:count]
         return tf.where(flagged, tf.fill(tf.shape(y), np.float32(level)), y)
     full = count // bucket
     if not namespace.host_shortcut_allowed(y):  # a device: masked fills, no read-back of the mask
