@@ -48,15 +48,72 @@ stamp_key="$TORCH_VERSION $TF_VERSION $TF_KERAS_VERSION $MPI4PY_VERSION $NUMBA_V
 gpu_flavour && stamp_key+=" $HOROVOD_FLAVOUR ${GPU_PACKAGES[*]}"
 stamp=.venv/.deps-$(printf '%s' "$stamp_key" | sha1sum | cut -c1-12)
 have_deps() { [ -f "$stamp" ]; }
+# The installed dependencies are kept once per key outside the repo, as Horovod's wheel is, and a
+# new venv (a fresh clone's: CI's) takes them as hard links in seconds instead of pip's minute and
+# more; a venv that holds other packages (a pin changed) goes through pip, which keeps them.
+deps_cache=${HOROVOD_SPARSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/horovod_sparse}/deps-$(python3 -c 'import sys; print("py%d.%d" % sys.version_info[:2])')-${stamp#.venv/.deps-}
+# (a venv that holds nothing but pip: one this script made, or a cache run cut short)
+fresh_venv() {
+    local others
+    ! ls .venv/.deps-* >/dev/null 2>&1 || return 1
+    others=$($PY -m pip list --format=freeze 2>/dev/null | grep -vE '^(pip|setuptools|wheel)==') || true
+    [ -z "$others" ]
+}
+cached_deps_fit() { [ -f "$deps_cache/complete" ] && fresh_venv; }
+site_packages() { $PY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
 install_deps() {
-    $PY -m pip install -q --upgrade pip setuptools wheel
-    if gpu_flavour; then drop_cpu_wheels; fi
-    $PY -m pip install -q "torch==$TORCH_VERSION" "$TF_PACKAGE==$TF_VERSION" \
-        "tf-keras==$TF_KERAS_VERSION" "mpi4py==$MPI4PY_VERSION" \
-        "numba==$NUMBA_VERSION" -r requirements-dev.txt "${GPU_PACKAGES[@]}"
+    local fresh=
+    if fresh_venv; then fresh=1; fi
+    if [ -n "$fresh" ] && [ -f "$deps_cache/complete" ] && link_cached_deps; then
+        echo "linked from $deps_cache"
+    else
+        pip_install_deps
+        # (a fresh venv's only: it holds the dependencies and nothing else)
+        if [ -n "$fresh" ]; then save_deps_to_cache || echo "the dependencies were not kept in $deps_cache"; fi
+    fi
     if gpu_flavour; then check_torch_cuda; fi
     rm -f .venv/.checked-*
     touch "$stamp"
+}
+pip_install_deps() {
+    $PY -m pip install -q --upgrade pip setuptools wheel
+    if gpu_flavour; then drop_cpu_wheels; fi
+    # (--no-compile: pip byte-compiles every file of torch and TensorFlow in one process, about 70 s
+    # of this step here; the imports below write the byte code of what is imported, about 20 s, and
+    # every later import writes its own once: scripts/run_tests.py's launches too)
+    $PY -m pip install -q --no-compile "torch==$TORCH_VERSION" "$TF_PACKAGE==$TF_VERSION" \
+        "tf-keras==$TF_KERAS_VERSION" "mpi4py==$MPI4PY_VERSION" \
+        "numba==$NUMBA_VERSION" -r requirements-dev.txt "${GPU_PACKAGES[@]}"
+    PYTHONDONTWRITEBYTECODE= TF_CPP_MIN_LOG_LEVEL=3 TF_USE_LEGACY_KERAS=1 \
+        $PY -c "import torch, tensorflow, tf_keras, numba, sklearn, matplotlib.pyplot"
+}
+# (site-packages and the console scripts, into a folder renamed into place once whole: a run cut
+# short leaves no cache that looks complete)
+save_deps_to_cache() {
+    local tmp
+    tmp=$(dirname "$deps_cache")/.partial-$$
+    rm -rf "$tmp" "$deps_cache" && mkdir -p "$tmp/bin" || return 0
+    if cp -al "$(site_packages)" "$tmp/site-packages" 2>/dev/null || cp -a "$(site_packages)" "$tmp/site-packages"; then
+        find .venv/bin -maxdepth 1 -type f ! -iname 'activate*' -exec cp -a {} "$tmp/bin/" \;
+        readlink -f .venv/bin/python >"$tmp/python"
+        touch "$tmp/complete" && mv "$tmp" "$deps_cache" && echo "kept in $deps_cache"
+    else
+        rm -rf "$tmp"; echo "not kept: cannot copy into $(dirname "$deps_cache")"
+    fi
+}
+# (hard links where the cache is on this venv's file system; its console scripts get this venv's
+# python in their first line)
+link_cached_deps() {
+    local site script
+    [ "$(readlink -f .venv/bin/python)" = "$(cat "$deps_cache/python")" ] || return 1
+    site=$(site_packages) || return 1
+    rm -rf "$site.linking" || return 1
+    cp -al "$deps_cache/site-packages" "$site.linking" 2>/dev/null || { rm -rf "$site.linking"; return 1; }
+    rm -rf "$site" && mv "$site.linking" "$site" || return 1
+    for script in "$deps_cache"/bin/*; do
+        sed "1s|^#!.*python[0-9.]*\$|#!$PWD/.venv/bin/python|" "$script" >".venv/bin/${script##*/}" || return 1
+        chmod +x ".venv/bin/${script##*/}" || return 1
+    done
 }
 # A venv from the CPU flavour holds torch+cpu and tensorflow-cpu, which pip counts as meeting the
 # pins: remove them, and the tensorflow whose files tensorflow-cpu's overwrote, so the GPU wheels go in.
@@ -78,7 +135,9 @@ check_torch_cuda() {
     }
 }
 label="pinned dependencies into .venv"
-have_deps || label+=" (torch, TensorFlow, ...: several minutes)"
+if ! have_deps; then
+    if cached_deps_fit; then label+=" (linked from the cache)"; else label+=" (torch, TensorFlow, ...: several minutes)"; fi
+fi
 step "$label" --skip-if have_deps install_deps
 
 # -- 3. Horovod --------------------------------------------------------------
@@ -115,6 +174,7 @@ install_torchvision() {
     echo "installing $wheel"
     # its dependencies (torch==$TORCH_VERSION, numpy, pillow) are already here: torch's +cpu build satisfies ==
     $PY -m pip install -q "$wheel"
+    rm -f .venv/.checked-torchvision-*
 }
 step "torchvision $tv_want" --skip-if have_torchvision install_torchvision
 
@@ -143,7 +203,8 @@ build_checked=.venv/.checked-$(printf '%s' "${wanted%, }" | sha1sum | cut -c1-12
 have_checked_build() { [ -f "$build_checked" ]; }
 check_build() {
     local check want
-    check=$(TF_CPP_MIN_LOG_LEVEL=3 TF_USE_LEGACY_KERAS=1 $PY - <<'PY'
+    # (PYTHONDONTWRITEBYTECODE empty: the imports write their byte code, whatever the environment says)
+    check=$(PYTHONDONTWRITEBYTECODE= TF_CPP_MIN_LOG_LEVEL=3 TF_USE_LEGACY_KERAS=1 $PY - <<'PY'
 import traceback
 built = {}
 for framework, module in [("PyTorch", "horovod.torch"), ("TensorFlow", "horovod.tensorflow")]:
@@ -167,11 +228,15 @@ PY
     touch "$build_checked"
 }
 step "Horovod's build lists ${wanted%, }" --skip-if have_checked_build check_build
+# (once per install of torchvision or of what it runs on, as the build check: about 6 s a run otherwise)
+tv_checked=.venv/.checked-torchvision-$tv_want
+have_checked_torchvision() { [ -f "$tv_checked" ]; }
 check_torchvision() {
-    $PY -c "import torchvision.models; torchvision.models.resnet18(num_classes=10)" || {
+    PYTHONDONTWRITEBYTECODE= $PY -c "import torchvision.models; torchvision.models.resnet18(num_classes=10)" || {
         echo "error: torchvision does not import with this torch"; return 1; }
+    touch "$tv_checked"
 }
-step "torchvision imports, builds a ResNet-18" check_torchvision
+step "torchvision imports, builds a ResNet-18" --skip-if have_checked_torchvision check_torchvision
 built="MPI, Gloo, PyTorch and TensorFlow"
 gpu_flavour && built="NCCL (GPU), $built"
 steps_end "ok: Horovod $HOROVOD_VERSION with $built, torchvision $tv_want in .venv"
