@@ -87,17 +87,18 @@ pip_install_deps() {
     $PY -m compileall -q -j 0 "$(site_packages)" || true
 }
 # (site-packages and the console scripts, into a folder renamed into place once whole: a run cut
-# short leaves no cache that looks complete)
+# short leaves no cache that looks complete; hard links only, as link_cached_deps takes them: a
+# copy on another file system could never be linked back, only fill the disk)
 save_deps_to_cache() {
     local tmp
     tmp=$(dirname "$deps_cache")/.partial-$$
     rm -rf "$tmp" "$deps_cache" && mkdir -p "$tmp/bin" || return 0
-    if cp -al "$(site_packages)" "$tmp/site-packages" 2>/dev/null || cp -a "$(site_packages)" "$tmp/site-packages"; then
+    if cp -al "$(site_packages)" "$tmp/site-packages" 2>/dev/null; then
         find .venv/bin -maxdepth 1 -type f ! -iname 'activate*' -exec cp -a {} "$tmp/bin/" \;
         readlink -f .venv/bin/python >"$tmp/python"
         touch "$tmp/complete" && mv "$tmp" "$deps_cache" && echo "kept in $deps_cache"
     else
-        rm -rf "$tmp"; echo "not kept: cannot copy into $(dirname "$deps_cache")"
+        rm -rf "$tmp"; echo "not kept: $(dirname "$deps_cache") is not on this venv's file system"
     fi
 }
 # (hard links where the cache is on this venv's file system; its console scripts get this venv's
@@ -202,8 +203,7 @@ build_checked=.venv/.checked-$(printf '%s' "${wanted%, }" | sha1sum | cut -c1-12
 have_checked_build() { [ -f "$build_checked" ]; }
 check_build() {
     local check want
-    # (PYTHONDONTWRITEBYTECODE empty: the imports write their byte code, whatever the environment says)
-    check=$(PYTHONDONTWRITEBYTECODE= TF_CPP_MIN_LOG_LEVEL=3 TF_USE_LEGACY_KERAS=1 $PY - <<'PY'
+    check=$(TF_CPP_MIN_LOG_LEVEL=3 TF_USE_LEGACY_KERAS=1 $PY - <<'PY'
 import traceback
 built = {}
 for framework, module in [("PyTorch", "horovod.torch"), ("TensorFlow", "horovod.tensorflow")]:
@@ -231,7 +231,7 @@ step "Horovod's build lists ${wanted%, }" --skip-if have_checked_build check_bui
 tv_checked=.venv/.checked-torchvision-$tv_want
 have_checked_torchvision() { [ -f "$tv_checked" ]; }
 check_torchvision() {
-    PYTHONDONTWRITEBYTECODE= $PY -c "import torchvision.models; torchvision.models.resnet18(num_classes=10)" || {
+    $PY -c "import torchvision.models; torchvision.models.resnet18(num_classes=10)" || {
         echo "error: torchvision does not import with this torch"; return 1; }
     touch "$tv_checked"
 }
