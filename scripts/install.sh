@@ -78,9 +78,9 @@ install_deps() {
 pip_install_deps() {
     $PY -m pip install -q --upgrade pip setuptools wheel
     if gpu_flavour; then drop_cpu_wheels; fi
-    # (--no-compile, then compileall on every core: pip byte-compiles in one process, about 70 s of
-    # this step here against 50 s; the byte code goes into the cache with the rest, so a venv that
-    # links it compiles nothing. A file that does not compile, as with pip, is left to the import)
+    # (--no-compile, then compileall on every core, 50 s on 2 here: pip would byte-compile in one
+    # process; the byte code goes into the cache with the rest, so a venv that links it compiles
+    # nothing. A file that does not compile, as with pip, is left to the import)
     $PY -m pip install -q --no-compile "torch==$TORCH_VERSION" "$TF_PACKAGE==$TF_VERSION" \
         "tf-keras==$TF_KERAS_VERSION" "mpi4py==$MPI4PY_VERSION" \
         "numba==$NUMBA_VERSION" -r requirements-dev.txt "${GPU_PACKAGES[@]}"
